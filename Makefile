@@ -1,0 +1,33 @@
+# Two commands do all the set-up on a machine with only python3 and make:
+#   make demo   -- create .venv, install, run the main example
+#   make test   -- create .venv, install with test extras, run the suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test fuzz bench bench-peers gpu-check clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,viz,bench,cuda]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest tests
+
+fuzz: $(STAMP)
+	NUMBA_ENABLE_CUDASIM=1 GRADCOMPILER_FUZZ_EXAMPLES=2000 $(PY) -m pytest tests/hardening/test_fuzz.py -q -s
+
+bench: $(STAMP)
+	$(VENV)/bin/gradcompiler bench --json bench-results/bench.json --markdown bench-results/bench.md --plot bench-results/bench.png
+
+bench-peers: $(STAMP)
+	$(PY) -m pip install -q 'torch==2.13.0' jax jaxlib || echo "some peers are not available from the registry"
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,24 @@
+"""gradcompiler: a symbolic gradient compiler.
+
+Build a static graph with a numpy-like API, differentiate it through a
+gradient rule table, optimise and fuse it, and run it through Numba on CPU
+or CUDA. See README.md for the tour.
+"""
+
+from . import errors  # noqa: F401
+from .errors import (  # noqa: F401
+    BackendUnavailableError,
+    DTypeError,
+    FeedError,
+    GraphError,
+    IndexOutOfRangeError,
+    NonFiniteError,
+    NotDifferentiableError,
+    ShapeError,
+)
+from .frontend import *  # noqa: F401,F403
+from .frontend import Tensor, apply, constant  # noqa: F401
+from .ir import Graph, TensorType, verify  # noqa: F401
+from .reference import evaluate  # noqa: F401
+
+__version__ = "0.1.0"

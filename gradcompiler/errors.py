@@ -1,0 +1,67 @@
+"""Exceptions a user can act on.
+
+Every error the library raises for user input comes from here. Build-time
+errors (`ShapeError`, `DTypeError`, `GraphError`) name the op, the shapes or
+dtypes involved and the user's own line (the call site recorded on the node
+being built). Run-time errors (`FeedError`, `IndexOutOfRangeError`,
+`NonFiniteError`) are raised before any compiled kernel touches memory, so a
+bad feed can never crash the interpreter.
+"""
+
+from __future__ import annotations
+
+
+class GradCompilerError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class BuildError(GradCompilerError):
+    """A mistake detected while the graph is being built."""
+
+    def __init__(self, message: str, op: str | None = None, site: str | None = None):
+        self.message = message
+        self.op = op
+        self.site = site
+        prefix = f"{op}: " if op else ""
+        suffix = f"\n  at {site}" if site else ""
+        super().__init__(f"{prefix}{message}{suffix}")
+
+    def at(self, site: str) -> "BuildError":
+        """The same error, pointing at `site` (the user's line)."""
+        return type(self)(self.message, op=self.op, site=site)
+
+
+class ShapeError(BuildError, ValueError):
+    """Shapes that do not fit the op (wrong rank, mismatched dims, bad axis)."""
+
+
+class DTypeError(BuildError, TypeError):
+    """A dtype the op does not accept, or two inputs whose dtypes disagree."""
+
+
+class GraphError(BuildError):
+    """A malformed graph: a cycle, a node from another graph, a missing name."""
+
+
+class NotDifferentiableError(BuildError):
+    """A gradient was asked for that does not exist or is not implemented."""
+
+
+class RunError(GradCompilerError):
+    """A problem found when a graph is run."""
+
+
+class FeedError(RunError, ValueError):
+    """A feed is missing, unexpected, or has the wrong shape, dtype or layout."""
+
+
+class IndexOutOfRangeError(RunError, IndexError):
+    """An index value lies outside the axis it indexes."""
+
+
+class NonFiniteError(RunError, FloatingPointError):
+    """Debug mode found NaN or Inf in a kernel's output."""
+
+
+class BackendUnavailableError(GradCompilerError, RuntimeError):
+    """The requested target cannot run here (no GPU and no simulator, say)."""

@@ -1,0 +1,42 @@
+"""Feed validation shared by the reference interpreter and every backend.
+
+A feed is checked before anything runs: a missing or unexpected name, a
+wrong shape or a wrong dtype is a `FeedError` naming the feed and both the
+expected and the given type. Non-contiguous arrays are copied (never read
+with the wrong strides); read-only arrays are fine, since feeds are never
+written.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import FeedError
+from .ir import Node
+
+
+def validate_feeds(placeholders: list[Node], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Check `feeds` against the placeholders a program needs; return contiguous arrays by name."""
+    expected = {n.op.feed_name: n for n in placeholders}
+    missing = sorted(set(expected) - set(feeds))
+    extra = sorted(set(feeds) - set(expected))
+    if missing:
+        raise FeedError(f"missing feed(s) {missing}; this program needs {sorted(expected)}")
+    if extra:
+        raise FeedError(f"unexpected feed(s) {extra}; this program takes {sorted(expected)}")
+    arrays = {}
+    for name, node in expected.items():
+        value = feeds[name]
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        want = node.type
+        if array.dtype != want.dtype:
+            raise FeedError(
+                f"feed '{name}' has dtype {array.dtype.name}, expected {want.dtype.name}; "
+                f"convert it with .astype(np.{want.dtype.name})"
+            )
+        if tuple(array.shape) != want.shape:
+            raise FeedError(f"feed '{name}' has shape {tuple(array.shape)}, expected {want.shape}")
+        arrays[name] = np.ascontiguousarray(array)
+    return arrays

@@ -1,0 +1,72 @@
+"""Shape helpers shared by the op families: broadcasting and axis normalisation.
+
+Each helper takes the op so that the error it raises names it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError
+from ..ir import Op, TensorType
+
+
+def broadcast_shapes(op: Op, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy broadcasting of `shapes`, or a ShapeError naming `op` and every shape."""
+    ndim = max((len(s) for s in shapes), default=0)
+    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
+    result = []
+    for dims in zip(*padded):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            listed = " and ".join(str(tuple(s)) for s in shapes)
+            raise ShapeError(f"shapes {listed} do not broadcast", op=op.label)
+        result.append(sizes.pop() if sizes else 1)
+    return tuple(result)
+
+
+def normalize_axis(op: Op, axis: int, ndim: int) -> int:
+    """`axis` in [-ndim, ndim) mapped to [0, ndim), else a ShapeError."""
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise ShapeError(f"axis must be an int, got {axis!r}", op=op.label)
+    if not -ndim <= axis < ndim:
+        raise ShapeError(f"axis {axis} is out of range for a tensor of rank {ndim}", op=op.label)
+    return int(axis) % ndim if ndim else 0
+
+
+def normalize_axes(op: Op, axes: Sequence[int], ndim: int) -> tuple[int, ...]:
+    normalized = tuple(normalize_axis(op, a, ndim) for a in axes)
+    if len(set(normalized)) != len(normalized):
+        raise ShapeError(f"repeated axis in {tuple(axes)}", op=op.label)
+    return normalized
+
+
+def same_dtype(op: Op, *types: TensorType) -> np.dtype:
+    """The common dtype of `types`; differing dtypes are an error (cast explicitly)."""
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) > 1:
+        names = ", ".join(t.dtype.name for t in types)
+        raise DTypeError(f"input dtypes {names} differ; cast explicitly with .astype()", op=op.label)
+    return types[0].dtype
+
+
+def require_float(op: Op, t: TensorType, what: str = "input") -> None:
+    if t.dtype.kind != "f":
+        raise DTypeError(f"{what} must be a float tensor, got {t.dtype.name}", op=op.label)
+
+
+def require_int(op: Op, t: TensorType, what: str = "index") -> None:
+    if t.dtype.kind not in "iu":
+        raise DTypeError(f"{what} must be an integer tensor, got {t.dtype.name}", op=op.label)
+
+
+def check_shape_tuple(op: Op, shape: Sequence[int], what: str = "shape") -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        raise ShapeError(f"{what} must be a tuple of ints, got {shape!r}", op=op.label) from None
+    if any(d < 0 for d in dims):
+        raise ShapeError(f"{what} {dims} has a negative size", op=op.label)
+    return dims

@@ -1,0 +1,1 @@
+"""Image warps (op-reference §9)."""
