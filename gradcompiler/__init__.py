@@ -21,4 +21,7 @@ from .frontend import Tensor, apply, constant  # noqa: F401
 from .ir import Graph, TensorType, verify  # noqa: F401
 from .reference import evaluate  # noqa: F401
 
+from .api import grad, hvp, vjp  # noqa: E402,F401
+from .gradcheck import check_grads  # noqa: E402,F401
+
 __version__ = "0.1.0"

@@ -44,3 +44,29 @@ class IndexingOneHot(Op):
     def reference(self, src, index):
         _check_one_hot_range(self, index, src.shape[self.axis])
         return np.take_along_axis(src, np.expand_dims(index, self.axis).astype(np.intp), self.axis)
+
+
+@dataclass(frozen=True)
+class IndexingSetOneHot(Op):
+    """`out = copy(data); out[..., index[...], ...] = sub[..., 0, ...]` along `axis` (§8.2)."""
+
+    axis: int
+
+    kind = "scatter"
+    arity = 3
+
+    def infer(self, data: TensorType, index: TensorType, sub: TensorType) -> TensorType:
+        _one_hot_check(self, data, index)
+        expected = list(data.shape)
+        expected[self.axis] = 1
+        if sub.shape != tuple(expected):
+            raise self.shape_error(f"sub shape {sub.shape} must be {tuple(expected)} (data {data.shape}, axis {self.axis})")
+        if sub.dtype != data.dtype:
+            raise self.shape_error(f"sub dtype {sub.dtype.name} differs from data dtype {data.dtype.name}")
+        return data
+
+    def reference(self, data, index, sub):
+        _check_one_hot_range(self, index, data.shape[self.axis])
+        out = data.copy()
+        np.put_along_axis(out, np.expand_dims(index, self.axis).astype(np.intp), sub, self.axis)
+        return out

@@ -1,0 +1,1 @@
+"""Graph-to-graph passes: autodiff, then the optimisation pipeline (`pipeline.py`)."""
