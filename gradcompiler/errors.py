@@ -43,7 +43,7 @@ class GraphError(BuildError):
     """A malformed graph: a cycle, a node from another graph, a missing name."""
 
 
-class NotDifferentiableError(BuildError):
+class NotDifferentiableError(BuildError, NotImplementedError):
     """A gradient was asked for that does not exist or is not implemented."""
 
 
