@@ -107,6 +107,8 @@ def _axes(op_mode: str, x: Tensor, axis) -> tuple[int, ...] | None:
 
 
 def reduce(mode: str, x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    if axis is None and keepdims:
+        axis = tuple(range(x.ndim))  # numpy keeps every reduced dim as size 1
     axes = _axes(mode, x, axis)
     if axes is not None and len(axes) == x.ndim and not keepdims:
         axes = None
