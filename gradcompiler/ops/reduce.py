@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import DTypeError
 from ..ir import Op, TensorType
 from .common import check_shape_tuple, require_float
 
@@ -44,7 +45,7 @@ class Reduce(Op):
         if self.mode in ("MEAN", "SUM_SQR"):
             require_float(self, x)
         if x.dtype == np.bool_:
-            raise self.shape_error("cannot reduce a bool tensor; cast it first")
+            raise DTypeError("cannot reduce a bool tensor; cast it first", op=self.label)
         axes = self.reduced_axes(x.ndim)
         if self.mode in ("MAX", "MIN", "SUM_SQR") and any(x.shape[a] == 0 for a in axes):
             raise self.shape_error(f"cannot reduce an empty axis of shape {x.shape}")
@@ -105,7 +106,7 @@ class ReduceTo(Op):
         if reduce_to_axes(x.shape, target) is None:
             raise self.shape_error(f"cannot reduce shape {x.shape} to {target}")
         if x.dtype == np.bool_:
-            raise self.shape_error("cannot reduce a bool tensor; cast it first")
+            raise DTypeError("cannot reduce a bool tensor; cast it first", op=self.label)
         return TensorType(target, x.dtype)
 
     def reference(self, x: np.ndarray) -> np.ndarray:
