@@ -344,7 +344,7 @@ class ConstValue:
     array: np.ndarray = field(repr=False)
 
     def __post_init__(self) -> None:
-        arr = np.ascontiguousarray(self.array)
+        arr = np.array(self.array, order="C")  # not ascontiguousarray, which turns 0-d into (1,)
         arr.setflags(write=False)
         object.__setattr__(self, "array", arr)
 
