@@ -1,0 +1,162 @@
+"""`numpy_manual`: every benchmark step written by hand in numpy.
+
+Each function takes the feeds of its workload (`workloads.py`) and returns
+`[loss, *gradients]` in the workload's `wrt` order. They are two things at
+once: the peer a numpy user would write (so vectorised, no Python loop over
+elements, and `h*h*h` rather than `h**3`, whose float power is a scalar
+call), and the independent oracle the gradient tests and the suite's
+correctness check compare the compiled step against. The backward passes
+are derived by hand here, not from the rule table.
+
+They compute in the feeds' dtype (float32 for the benchmark, float64 in the
+tests): Python scalars are weakly typed under numpy 2 and keep it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping
+
+import numpy as np
+
+from .workloads import PIXEL_SHUFFLE_FACTOR, attention_scale
+
+Feeds = Mapping[str, np.ndarray]
+
+GELU_C = math.sqrt(2.0 / math.pi)
+GELU_A = 0.044715
+LAYER_NORM_EPS = 1e-5
+
+
+def mlp(f: Feeds) -> list[np.ndarray]:
+    x, labels = f["x"], f["labels"]
+    z1 = x @ f["w1"] + f["b1"]
+    h1 = np.maximum(z1, 0)
+    z2 = h1 @ f["w2"] + f["b2"]
+    h2 = np.maximum(z2, 0)
+    logits = h2 @ f["w3"] + f["b3"]
+    rows = np.arange(len(labels))
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(shifted)
+    total = e.sum(axis=1, keepdims=True)
+    loss = -(shifted[rows, labels] - np.log(total[:, 0])).mean()
+    # d loss / d logits = (softmax - onehot) / batch
+    d_logits = e / total
+    d_logits[rows, labels] -= 1
+    d_logits /= len(labels)
+    d_z2 = np.where(z2 > 0, d_logits @ f["w3"].T, 0)
+    d_z1 = np.where(z1 > 0, d_z2 @ f["w2"].T, 0)
+    return [np.asarray(loss), x.T @ d_z1, d_z1.sum(0), h1.T @ d_z2, d_z2.sum(0),
+            h2.T @ d_logits, d_logits.sum(0)]
+
+
+def layernorm_gelu(f: Feeds) -> list[np.ndarray]:
+    x, gamma, beta, r = f["x"], f["gamma"], f["beta"], f["r"]
+    centred = x - x.mean(axis=-1, keepdims=True)
+    rstd = 1 / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + LAYER_NORM_EPS)
+    xhat = centred * rstd
+    h = xhat * gamma + beta
+    t = np.tanh(GELU_C * (h + GELU_A * (h * h * h)))
+    y = 0.5 * h * (1 + t) + x
+    loss = (y * r).sum()
+    # gelu'(h) = ½(1+t) + ½h(1−t²)·c(1 + 3a·h²)
+    d_h = r * (0.5 * (1 + t) + 0.5 * h * (1 - t * t) * GELU_C * (1 + 3 * GELU_A * (h * h)))
+    d_xhat = d_h * gamma
+    d_x = rstd * (d_xhat - d_xhat.mean(axis=-1, keepdims=True)
+                  - xhat * (d_xhat * xhat).mean(axis=-1, keepdims=True)) + r
+    return [np.asarray(loss), d_x, (d_h * xhat).sum(0), d_h.sum(0)]
+
+
+def attention(f: Feeds) -> list[np.ndarray]:
+    q, k, v, r = f["q"], f["k"], f["v"], f["r"]
+    scale = attention_scale(q.shape[-1])
+    s = q @ k.transpose(0, 2, 1) / scale
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    p = e / e.sum(axis=-1, keepdims=True)
+    loss = ((p @ v) * r).sum()
+    d_v = p.transpose(0, 2, 1) @ r
+    d_p = r @ v.transpose(0, 2, 1)
+    d_s = p * (d_p - (d_p * p).sum(axis=-1, keepdims=True)) / scale
+    return [np.asarray(loss), d_s @ k, d_s.transpose(0, 2, 1) @ q, d_v]
+
+
+def embedding(f: Feeds) -> list[np.ndarray]:
+    table, idx, r = f["table"], f["idx"], f["r"]
+    t = np.tanh(table[idx])
+    loss = (t * r).sum()
+    d_table = np.zeros_like(table)
+    np.add.at(d_table, idx, r * (1 - t * t))  # repeated indices accumulate
+    return [np.asarray(loss), d_table]
+
+
+def bcast_reduce(f: Feeds) -> list[np.ndarray]:
+    x, b, w = f["x"], f["b"], f["w"]
+    z = x + b
+    d_w = np.maximum(z, 0).sum(axis=0)
+    d_x = np.where(z > 0, w, 0)
+    return [np.asarray(d_w @ w), d_x, d_x.sum(axis=0), d_w]
+
+
+def spatial_transformer(f: Feeds) -> list[np.ndarray]:
+    """Bilinear warp_affine with REPLICATE borders, NCHW, output size = input size.
+
+    The forward gathers the four taps of every output pixel from the
+    flattened image; the image gradient scatters them back with one
+    `np.bincount` (repeated taps accumulate); the matrix gradient follows
+    d out / d(xs, ys) times (ow, oh, 1).
+    """
+    img, mat, r = f["img"], f["mat"], f["r"]
+    n, c, h, w = img.shape
+    dtype = img.dtype
+    ow = np.arange(w, dtype=dtype)[None, None, :]
+    oh = np.arange(h, dtype=dtype)[None, :, None]
+    m = mat[:, :, :, None, None]
+    xs = m[:, 0, 0] * ow + m[:, 0, 1] * oh + m[:, 0, 2]          # (n, h, w)
+    ys = m[:, 1, 0] * ow + m[:, 1, 1] * oh + m[:, 1, 2]
+    x0, y0 = np.floor(xs), np.floor(ys)
+    ax, ay = (xs - x0).reshape(n, 1, -1), (ys - y0).reshape(n, 1, -1)
+    cols = [np.clip(x0 + i, 0, w - 1).astype(np.int64) for i in (0, 1)]
+    rows = [np.clip(y0 + i, 0, h - 1).astype(np.int64) for i in (0, 1)]
+    taps = [(rows[i] * w + cols[j]).reshape(n, 1, -1) for i in (0, 1) for j in (0, 1)]
+    flat = img.reshape(n, c, h * w)
+    v00, v01, v10, v11 = (np.take_along_axis(flat, tap, axis=2) for tap in taps)
+    weights = [(1 - ax) * (1 - ay), ax * (1 - ay), (1 - ax) * ay, ax * ay]
+    out = weights[0] * v00 + weights[1] * v01 + weights[2] * v10 + weights[3] * v11
+    g = r.reshape(n, c, h * w)
+    loss = (out * g).sum()
+
+    plane = (np.arange(n * c) * (h * w)).reshape(n, c, 1)
+    keys = np.concatenate([np.broadcast_to(tap + plane, g.shape).ravel() for tap in taps])
+    values = np.concatenate([(wt * g).ravel() for wt in weights])
+    d_img = np.bincount(keys, values, minlength=n * c * h * w).astype(dtype).reshape(img.shape)
+
+    g_xs = (g * ((1 - ay) * (v01 - v00) + ay * (v11 - v10))).sum(axis=1)   # (n, h*w)
+    g_ys = (g * ((1 - ax) * (v10 - v00) + ax * (v11 - v01))).sum(axis=1)
+    basis = np.stack([np.broadcast_to(ow, (1, h, w)).ravel(), np.broadcast_to(oh, (1, h, w)).ravel(),
+                      np.ones(h * w, dtype)], axis=1)                        # (h*w, 3)
+    d_mat = np.stack([g_xs @ basis, g_ys @ basis], axis=1)
+    return [np.asarray(loss), d_img, d_mat]
+
+
+def pixel_shuffle(f: Feeds) -> list[np.ndarray]:
+    x = f["x"]
+    b, cr2, h, w = x.shape
+    r = PIXEL_SHUFFLE_FACTOR
+    c = cr2 // (r * r)
+    y = x.reshape(b, c, r, r, h, w).transpose(0, 1, 4, 2, 5, 3).reshape(b, c, h * r, w * r)
+    flat = y.ravel()
+    loss = np.dot(flat, flat) / 2
+    d_y = y  # d(½Σy²)/dy
+    d_x = d_y.reshape(b, c, h, r, w, r).transpose(0, 1, 3, 5, 2, 4).reshape(x.shape)
+    return [np.asarray(loss), d_x]
+
+
+STEPS: dict[str, Callable[[Feeds], list[np.ndarray]]] = {
+    "mlp": mlp,
+    "layernorm_gelu": layernorm_gelu,
+    "attention": attention,
+    "embedding": embedding,
+    "bcast_reduce": bcast_reduce,
+    "spatial_transformer": spatial_transformer,
+    "pixel_shuffle": pixel_shuffle,
+}

@@ -1,0 +1,260 @@
+"""The seven benchmark workloads of `docs/benchmarks.md`, as graph builders.
+
+Each builder returns a `Workload`: the graph, its scalar loss, the tensors
+the gradients are taken with respect to, the gradients themselves (built
+with `gc.grad`, so the differentiation pass is part of every workload) and a
+`make_feeds(rng)` that draws the inputs. Two sizes exist: `"full"` is the
+size benchmarks.md fixes, `"tiny"` keeps the same structure at a few
+elements per axis so tests (and the suite's quick mode) stay fast.
+
+Builders only use the public API, as a user would: the workloads double as
+an end-to-end check of the frontend.
+
+The `dtype` parameter exists for the gradient tests, which compare the
+graph against the hand-written numpy step in float64 where rounding cannot
+hide a wrong formula; the benchmark always runs float32.
+
+Each workload also states what bounds it: the FLOP count a matmul-bound step
+must do (compared against the machine's SGEMM rate) or, for the others, the
+bytes it must move at the very least (every feed read once, the loss and
+every gradient written once; compared against the memory bandwidth).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+import gradcompiler as gc
+
+SIZES = ("full", "tiny")
+
+# Per workload: the named dimensions of benchmarks.md ("full") and a small
+# version with the same structure ("tiny").
+DIMS: dict[str, dict[str, dict[str, int]]] = {
+    "mlp": {"full": dict(batch=256, features=784, hidden=512, classes=10),
+            "tiny": dict(batch=8, features=12, hidden=16, classes=5)},
+    "layernorm_gelu": {"full": dict(rows=8192, cols=1024), "tiny": dict(rows=6, cols=16)},
+    "attention": {"full": dict(batch=16, seq=256, head=64), "tiny": dict(batch=2, seq=5, head=4)},
+    "embedding": {"full": dict(vocab=100_000, lookups=65_536, dim=64),
+                  "tiny": dict(vocab=10, lookups=24, dim=4)},
+    "bcast_reduce": {"full": dict(rows=4096, cols=4096), "tiny": dict(rows=5, cols=7)},
+    "spatial_transformer": {"full": dict(batch=32, channels=3, height=64, width=64),
+                            "tiny": dict(batch=2, channels=3, height=6, width=7)},
+    "pixel_shuffle": {"full": dict(batch=16, channels=64, height=64, width=64),
+                      "tiny": dict(batch=2, channels=8, height=3, width=4)},
+}
+
+NAMES = tuple(DIMS)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One training-style step: a loss and its gradients, plus how to feed it."""
+
+    name: str
+    size: str
+    dims: dict[str, int]
+    graph: gc.Graph
+    loss: gc.Tensor
+    wrt: tuple[gc.Tensor, ...]
+    grads: tuple[gc.Tensor, ...]
+    make_feeds: Callable[[np.random.Generator], dict[str, np.ndarray]]
+    bound: str          # "gemm" (matmul-bound) or "memory"
+    flops: float        # matmul FLOP per step (forward and backward); 0 when memory-bound
+
+    @property
+    def outputs(self) -> list[gc.Tensor]:
+        """What a step computes: the loss first, then the gradients in `wrt` order."""
+        return [self.loss, *self.grads]
+
+    @property
+    def min_bytes(self) -> int:
+        """Bytes a step must move at least: each feed read once, each output written once."""
+        feeds = sum(self.graph[i].type.nbytes for i in self.graph.feed_names.values())
+        return feeds + sum(t.type.nbytes for t in self.outputs)
+
+
+def _normal(rng: np.random.Generator, shape, dtype, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def _finish(name: str, size: str, dims: dict[str, int], graph: gc.Graph, loss: gc.Tensor,
+            wrt: list[gc.Tensor], make_feeds, flops: float = 0.0) -> Workload:
+    grads = gc.grad(loss, wrt)
+    return Workload(name, size, dims, graph, loss, tuple(wrt), tuple(grads), make_feeds,
+                    "gemm" if flops else "memory", float(flops))
+
+
+def build_mlp(size: str = "full", dtype="float32") -> Workload:
+    d = DIMS["mlp"][size]
+    b, f, h, c = d["batch"], d["features"], d["hidden"], d["classes"]
+    with gc.Graph("mlp") as graph:
+        x = gc.input("x", (b, f), dtype)
+        labels = gc.input("labels", (b,), "int32")
+        w1, b1 = gc.param("w1", (f, h), dtype), gc.param("b1", (h,), dtype)
+        w2, b2 = gc.param("w2", (h, h), dtype), gc.param("b2", (h,), dtype)
+        w3, b3 = gc.param("w3", (h, c), dtype), gc.param("b3", (c,), dtype)
+        h1 = gc.relu(x @ w1 + b1)
+        h2 = gc.relu(h1 @ w2 + b2)
+        loss = gc.cross_entropy(h2 @ w3 + b3, labels)
+
+    def make_feeds(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return dict(
+            x=_normal(rng, (b, f), dtype), labels=rng.integers(0, c, b).astype(np.int32),
+            w1=_normal(rng, (f, h), dtype, 1 / math.sqrt(f)), b1=_normal(rng, h, dtype, 0.1),
+            w2=_normal(rng, (h, h), dtype, 1 / math.sqrt(h)), b2=_normal(rng, h, dtype, 0.1),
+            w3=_normal(rng, (h, c), dtype, 1 / math.sqrt(h)), b3=_normal(rng, c, dtype, 0.1))
+
+    # forward: three matmuls; backward: a weight gradient for each layer and an
+    # input gradient for the two upper ones (x needs none)
+    layer_macs = [f * h, h * h, h * c]
+    flops = 2 * b * (2 * sum(layer_macs) + layer_macs[1] + layer_macs[2])
+    return _finish("mlp", size, d, graph, loss, [w1, b1, w2, b2, w3, b3], make_feeds, flops)
+
+
+def build_layernorm_gelu(size: str = "full", dtype="float32") -> Workload:
+    d = DIMS["layernorm_gelu"][size]
+    n, k = d["rows"], d["cols"]
+    with gc.Graph("layernorm_gelu") as graph:
+        x = gc.param("x", (n, k), dtype)
+        gamma, beta = gc.param("gamma", (k,), dtype), gc.param("beta", (k,), dtype)
+        r = gc.input("r", (n, k), dtype)
+        h = gc.layer_norm(x, gamma, beta, axis=-1, eps=1e-5)
+        y = gc.gelu_tanh(h) + x
+        loss = (y * r).sum()
+
+    def make_feeds(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return dict(x=_normal(rng, (n, k), dtype), gamma=1 + _normal(rng, k, dtype, 0.1),
+                    beta=_normal(rng, k, dtype, 0.1), r=_normal(rng, (n, k), dtype))
+
+    return _finish("layernorm_gelu", size, d, graph, loss, [x, gamma, beta], make_feeds)
+
+
+def attention_scale(head: int) -> float:
+    """The divisor of the scores: √head, i.e. 8 for the benchmark's head size 64."""
+    return math.sqrt(head)
+
+
+def build_attention(size: str = "full", dtype="float32") -> Workload:
+    d = DIMS["attention"][size]
+    b, t, e = d["batch"], d["seq"], d["head"]
+    with gc.Graph("attention") as graph:
+        q, k, v = (gc.param(name, (b, t, e), dtype) for name in ("q", "k", "v"))
+        r = gc.input("r", (b, t, e), dtype)
+        scores = gc.matmul(q, k.transpose(0, 2, 1)) / attention_scale(e)
+        out = gc.matmul(gc.softmax(scores, axis=-1), v)
+        loss = (out * r).sum()
+
+    def make_feeds(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {name: _normal(rng, (b, t, e), dtype) for name in ("q", "k", "v", "r")}
+
+    # S = QKᵀ and O = PV forward; dP, dV, dQ, dK backward: six (t,t,e) products per batch
+    flops = 6 * 2 * b * t * t * e
+    return _finish("attention", size, d, graph, loss, [q, k, v], make_feeds, flops)
+
+
+def build_embedding(size: str = "full", dtype="float32") -> Workload:
+    d = DIMS["embedding"][size]
+    vocab, m, e = d["vocab"], d["lookups"], d["dim"]
+    with gc.Graph("embedding") as graph:
+        table = gc.param("table", (vocab, e), dtype)
+        idx = gc.input("idx", (m,), "int64")
+        r = gc.input("r", (m, e), dtype)
+        loss = (gc.tanh(table[idx]) * r).sum()
+
+    def make_feeds(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        # more lookups than rows at the tiny size, and ~28% repeats at the full one
+        return dict(table=_normal(rng, (vocab, e), dtype), idx=rng.integers(0, vocab, m).astype(np.int64),
+                    r=_normal(rng, (m, e), dtype))
+
+    return _finish("embedding", size, d, graph, loss, [table], make_feeds)
+
+
+def build_bcast_reduce(size: str = "full", dtype="float32") -> Workload:
+    d = DIMS["bcast_reduce"][size]
+    n, k = d["rows"], d["cols"]
+    with gc.Graph("bcast_reduce") as graph:
+        x = gc.param("x", (n, k), dtype)
+        b, w = gc.param("b", (k,), dtype), gc.param("w", (k,), dtype)
+        loss = (gc.relu(x + b) * w).sum()
+
+    def make_feeds(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return dict(x=_normal(rng, (n, k), dtype), b=_normal(rng, k, dtype, 0.5), w=_normal(rng, k, dtype))
+
+    return _finish("bcast_reduce", size, d, graph, loss, [x, b, w], make_feeds)
+
+
+def near_identity_mats(rng: np.random.Generator, n: int, dtype, shift: float) -> np.ndarray:
+    """(n, 2, 3) affine maps close to the identity: ±5% linear part, ±`shift` px translation."""
+    mats = np.zeros((n, 2, 3))
+    mats[:, 0, 0] = mats[:, 1, 1] = 1.0
+    mats[:, :, :2] += rng.uniform(-0.05, 0.05, (n, 2, 2))
+    mats[:, :, 2] = rng.uniform(-shift, shift, (n, 2))
+    return mats.astype(dtype)
+
+
+def build_spatial_transformer(size: str = "full", dtype="float32") -> Workload:
+    d = DIMS["spatial_transformer"][size]
+    n, c, h, w = d["batch"], d["channels"], d["height"], d["width"]
+    with gc.Graph("spatial_transformer") as graph:
+        img = gc.param("img", (n, c, h, w), dtype)
+        mat = gc.param("mat", (n, 2, 3), dtype)
+        r = gc.input("r", (n, c, h, w), dtype)
+        out = gc.warp_affine(img, mat, (h, w), border_mode="replicate", format="NCHW")
+        loss = (out * r).sum()
+
+    def make_feeds(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return dict(img=_normal(rng, (n, c, h, w), dtype),
+                    mat=near_identity_mats(rng, n, dtype, shift=max(h, w) / 16),
+                    r=_normal(rng, (n, c, h, w), dtype))
+
+    return _finish("spatial_transformer", size, d, graph, loss, [img, mat], make_feeds)
+
+
+PIXEL_SHUFFLE_FACTOR = 2
+
+
+def build_pixel_shuffle(size: str = "full", dtype="float32") -> Workload:
+    d = DIMS["pixel_shuffle"][size]
+    shape = (d["batch"], d["channels"], d["height"], d["width"])
+    with gc.Graph("pixel_shuffle") as graph:
+        x = gc.param("x", shape, dtype)
+        y = gc.pixel_shuffle(x, PIXEL_SHUFFLE_FACTOR)
+        loss = (y * y).sum() / 2
+
+    def make_feeds(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return dict(x=_normal(rng, shape, dtype))
+
+    return _finish("pixel_shuffle", size, d, graph, loss, [x], make_feeds)
+
+
+BUILDERS: dict[str, Callable[..., Workload]] = {
+    "mlp": build_mlp,
+    "layernorm_gelu": build_layernorm_gelu,
+    "attention": build_attention,
+    "embedding": build_embedding,
+    "bcast_reduce": build_bcast_reduce,
+    "spatial_transformer": build_spatial_transformer,
+    "pixel_shuffle": build_pixel_shuffle,
+}
+
+
+def build(name: str, size: str = "full", dtype="float32") -> Workload:
+    """The workload `name` at `size` ("full" or "tiny")."""
+    if name not in BUILDERS:
+        raise ValueError(f"unknown workload {name!r}; expected one of {', '.join(NAMES)}")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; expected one of {SIZES}")
+    return BUILDERS[name](size, dtype)
+
+
+FEED_SEED = 20261129
+
+
+def feeds_for(workload: Workload, seed: int = FEED_SEED) -> dict[str, np.ndarray]:
+    """The workload's feeds from a fixed seed: every peer sees the same numbers."""
+    return workload.make_feeds(np.random.default_rng(seed))
