@@ -113,12 +113,12 @@ def write(text: str, path: Path) -> None:
 
 # -- what to draw ------------------------------------------------------------------------------
 
-def _is_executable(obj: Any) -> bool:
+def is_executable(obj: Any) -> bool:
     return hasattr(obj, "plan") and isinstance(getattr(obj, "graph", None), Graph)
 
 
 def _default_stage(obj: Any) -> str:
-    if _is_executable(obj):
+    if is_executable(obj):
         return "optimised"
     graph, _ = _graph_and_outputs(obj)
     return "backward" if any(side(n) == "backward" for n in graph.nodes.values()) else "forward"
@@ -127,7 +127,7 @@ def _default_stage(obj: Any) -> str:
 def _graph_and_outputs(obj: Any) -> tuple[Graph, list[int]]:
     if isinstance(obj, Graph):
         return obj, list(obj.outputs)
-    if _is_executable(obj):
+    if is_executable(obj):
         return obj.graph, list(obj.graph.outputs)
     tensors = [obj] if isinstance(obj, Tensor) else list(obj) if isinstance(obj, (list, tuple)) else []
     if not tensors or not all(isinstance(t, Tensor) for t in tensors):
@@ -160,7 +160,7 @@ def _pydot():
 
 
 def _build(obj: Any, stage: str):
-    if stage == "optimised" and not _is_executable(obj):
+    if stage == "optimised" and not is_executable(obj):
         raise ValueError("stage 'optimised' needs a compiled executable (gc.compile(...)); "
                          "a graph or tensors can be drawn at stage 'forward' or 'backward'")
     graph, outputs = _graph_and_outputs(obj)

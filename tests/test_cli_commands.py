@@ -1,0 +1,133 @@
+"""The `gradcompiler` command line, and the compile progress hook it shows."""
+
+from __future__ import annotations
+
+import io
+import textwrap
+
+import pydot
+import pytest
+
+import gradcompiler as gc
+from gradcompiler import cli
+from gradcompiler import dot as dot_module
+from gradcompiler.progress import MIN_KERNELS_FOR_BAR, compile_progress
+
+BUILD_FILE = textwrap.dedent("""
+    import gradcompiler as gc
+
+    def build():
+        with gc.Graph("tiny") as g:
+            x = gc.input("x", (4, 3))
+            w = gc.param("w", (3, 2))
+            loss = gc.tanh(x @ w).sum()
+        return [loss, gc.grad(loss, w)]
+
+    def only_forward():
+        with gc.Graph("fwd") as g:
+            return gc.exp(gc.input("x", (2,)))
+""")
+
+
+@pytest.fixture
+def build_file(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(BUILD_FILE, encoding="utf-8")
+    return path
+
+
+def parse(text: str) -> pydot.Dot:
+    graphs = pydot.graph_from_dot_data(text)
+    assert graphs is not None and len(graphs) == 1
+    return graphs[0]
+
+
+def test_dot_command_writes_a_dot_file_with_both_stages(build_file, tmp_path, capsys):
+    out = tmp_path / "model.dot"
+    assert cli.main(["dot", str(build_file), "--stage", "backward", "-o", str(out)]) == 0
+    parsed = parse(out.read_text(encoding="utf-8"))
+    assert {s.get_name() for s in parsed.get_subgraphs()} == {"cluster_forward", "cluster_backward"}
+    # tanh(x @ w).sum() and its gradient wrt w: x, w, matmul, tanh, sum in the forward.
+    forward = parsed.get_subgraph("cluster_forward")[0]
+    assert len(forward.get_nodes()) == 5
+    assert str(out) in capsys.readouterr().out
+
+
+def test_dot_command_forward_stage_and_another_function_to_stdout(build_file, capsys):
+    assert cli.main(["dot", str(build_file), "--function", "only_forward", "--stage", "forward"]) == 0
+    parsed = parse(capsys.readouterr().out)
+    forward = parsed.get_subgraph("cluster_forward")[0]
+    labels = sorted(n.get("label") for n in forward.get_nodes())
+    assert labels == ['"%0 \'x\'\\nPlaceholder (input)\\nfloat32[2]"', '"%1\\nElemwise EXP\\nfloat32[2]"']
+
+
+def test_dot_command_without_graphviz_says_how_to_install_and_writes_dot(build_file, tmp_path,
+                                                                         capsys, monkeypatch):
+    monkeypatch.setattr(dot_module.shutil, "which", lambda program: None)
+    out = tmp_path / "model.svg"
+    assert cli.main(["dot", str(build_file), "-o", str(out)]) == 1
+    assert "install graphviz" in capsys.readouterr().err.lower()
+    assert not out.exists()
+    parse((tmp_path / "model.dot").read_text(encoding="utf-8"))
+
+
+def test_dot_command_reports_a_missing_file_or_function(build_file, tmp_path, capsys):
+    assert cli.main(["dot", str(tmp_path / "absent.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert cli.main(["dot", str(build_file), "--function", "nothing_here"]) == 2
+    assert "defines no function nothing_here()" in capsys.readouterr().err
+
+
+def test_dot_command_reports_a_build_error_without_a_traceback(tmp_path, capsys):
+    path = tmp_path / "broken.py"
+    path.write_text(textwrap.dedent("""
+        import gradcompiler as gc
+        def build():
+            with gc.Graph("bad"):
+                return gc.input("a", (2, 3)) @ gc.input("b", (4, 5))
+    """), encoding="utf-8")
+    assert cli.main(["dot", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "MatrixMul" in err and "broken.py" in err and "Traceback" not in err
+
+
+def test_unknown_command_and_stage_are_usage_errors(build_file, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["draw"])
+    assert exited.value.code == 2
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["dot", str(build_file), "--stage", "fused"])
+    assert exited.value.code == 2
+    assert "invalid choice: 'fused'" in capsys.readouterr().err
+
+
+def test_progress_bar_counts_every_kernel_when_there_are_many():
+    stream = io.StringIO()
+    total = MIN_KERNELS_FOR_BAR + 2
+    with compile_progress(total, enabled=True, file=stream) as tick:
+        for k in range(total):
+            tick(f"k{k}_loop")
+    shown = stream.getvalue()
+    assert f"{total}/{total}" in shown and f"k{total - 1}_loop" in shown
+
+
+def test_progress_bar_stays_silent_for_a_few_kernels(monkeypatch):
+    monkeypatch.delenv("GRADCOMPILER_PROGRESS", raising=False)
+    stream = io.StringIO()
+    with compile_progress(MIN_KERNELS_FOR_BAR, file=stream) as tick:
+        for k in range(MIN_KERNELS_FOR_BAR):
+            tick(f"k{k}")
+    assert stream.getvalue() == ""
+
+
+def test_progress_bar_follows_the_environment_switch(monkeypatch):
+    monkeypatch.setenv("GRADCOMPILER_PROGRESS", "1")
+    stream = io.StringIO()
+    with compile_progress(1, file=stream) as tick:
+        tick("k0")
+    assert "1/1" in stream.getvalue()
+    monkeypatch.setenv("GRADCOMPILER_PROGRESS", "0")
+    stream = io.StringIO()
+    with compile_progress(50, file=stream) as tick:
+        tick("k0")
+    assert stream.getvalue() == ""
