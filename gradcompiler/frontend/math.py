@@ -14,7 +14,7 @@ from ..ops.common import normalize_axes
 from ..ops.elemwise import Cast, Elemwise, StopGradient, Where
 from ..ops.linalg import BatchedMatrixMul, MatrixMul
 from ..ops.reduce import Reduce, ReduceTo
-from .tensor import Tensor, apply, to_operands
+from .tensor import Tensor, apply, reports_user_line, to_operands
 
 __all__ = [
     "elemwise", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
@@ -106,6 +106,7 @@ def _axes(op_mode: str, x: Tensor, axis) -> tuple[int, ...] | None:
     return tuple(sorted(normalize_axes(Reduce(op_mode), axes, x.ndim)))
 
 
+@reports_user_line
 def reduce(mode: str, x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     if axis is None and keepdims:
         axis = tuple(range(x.ndim))  # numpy keeps every reduced dim as size 1

@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..ops.common import normalize_axes, normalize_axis
 from ..ops.shape import AddAxis, Broadcast, Concat, RemoveAxis, Reshape, Transpose
-from .tensor import Tensor, apply, to_operands
+from .tensor import Tensor, apply, reports_user_line, to_operands
 
 __all__ = ["reshape", "broadcast_to", "expand_dims", "squeeze", "transpose", "swapaxes", "concat"]
 
@@ -21,6 +21,7 @@ def _as_shape(shape) -> tuple:
     return (shape,) if isinstance(shape, (int, np.integer)) or shape is None else tuple(shape)
 
 
+@reports_user_line
 def reshape(x: Tensor, shape) -> Tensor:
     """numpy reshape with at most one -1."""
     shape = _as_shape(shape)
@@ -51,6 +52,7 @@ def broadcast_to(x: Tensor, shape) -> Tensor:
     return x if resolved == x.shape else apply(Broadcast(resolved), x)
 
 
+@reports_user_line
 def expand_dims(x: Tensor, axis) -> Tensor:
     """Insert size-1 dims at `axis` (numpy semantics: positions in the output)."""
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
@@ -58,6 +60,7 @@ def expand_dims(x: Tensor, axis) -> Tensor:
     return apply(AddAxis(tuple(positions)), x)
 
 
+@reports_user_line
 def squeeze(x: Tensor, axis=None) -> Tensor:
     """Remove size-1 dims (all of them if axis is None)."""
     if axis is None:
@@ -70,11 +73,13 @@ def squeeze(x: Tensor, axis=None) -> Tensor:
     return apply(RemoveAxis(tuple(p - i for i, p in enumerate(positions))), x)
 
 
+@reports_user_line
 def transpose(x: Tensor, perm: Sequence[int] | None = None) -> Tensor:
     perm = tuple(range(x.ndim))[::-1] if perm is None else tuple(normalize_axes(Transpose(tuple(perm)), perm, x.ndim))
     return x if perm == tuple(range(x.ndim)) else apply(Transpose(perm), x)
 
 
+@reports_user_line
 def swapaxes(x: Tensor, a: int, b: int) -> Tensor:
     perm = list(range(x.ndim))
     a, b = normalize_axis(Transpose(()), a, x.ndim), normalize_axis(Transpose(()), b, x.ndim)
@@ -82,6 +87,7 @@ def swapaxes(x: Tensor, a: int, b: int) -> Tensor:
     return transpose(x, perm)
 
 
+@reports_user_line
 def concat(tensors: Sequence, axis: int = 0) -> Tensor:
     tensors = to_operands(list(tensors))
     if not tensors:

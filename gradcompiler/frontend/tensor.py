@@ -9,11 +9,12 @@ adds the node, whose `infer` raises the build-time errors.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import functools
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import DTypeError, GraphError
+from ..errors import BuildError, DTypeError, GraphError
 from ..ir import ConstValue, Graph, Node, TensorType, call_site, current_graph
 from ..ops.source import Constant
 
@@ -174,6 +175,23 @@ def to_operands(operands: Sequence[Any]) -> list[Tensor]:
         else:
             raise TypeError(f"cannot use {type(value).__name__} as a tensor operand")
     return result
+
+
+def reports_user_line(fn: Callable) -> Callable:
+    """Give the build errors `fn` raises itself (argument checks made before `apply`,
+    such as a second -1 or an axis out of range) the caller's line, as `Graph.add`
+    does for errors raised by `infer`."""
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BuildError as err:
+            if err.site:
+                raise
+            raise err.at(call_site()) from None
+
+    return checked
 
 
 def apply(op, *operands: Any, name: str | None = None, role: str | None = None) -> Tensor:
