@@ -216,28 +216,32 @@ class _KeyResolver:
                 if not item.is_full(size):
                     items.append(item)
             elif kind == "int" and not advanced:
-                items.append(IndexItem(axis, self.wrapped(np.asarray(value), axis, size).item()))
+                items.append(IndexItem(axis, self.wrapped(np.asarray(value), axis, x.shape).item()))
             elif kind in ("int", "array"):
-                index_tensors.append(self.index_constant(np.asarray(value), axis, size, x))
+                index_tensors.append(self.index_constant(np.asarray(value), axis, x))
                 items.append(TensorItem(axis))
             elif kind == "tensor":
                 index_tensors.append(value)
                 items.append(TensorItem(axis))
         return _Region(x, tuple(items), index_tensors)
 
-    def wrapped(self, index: np.ndarray, axis: int, size: int) -> np.ndarray:
-        """Negative values wrapped once; anything still outside [0, size) is an error."""
+    def wrapped(self, index: np.ndarray, axis: int, shape: tuple[int, ...]) -> np.ndarray:
+        """Negative values wrapped once; anything still outside [0, shape[axis]) is an error.
+
+        `shape` is that of the tensor indexed, new axes (None) included.
+        """
+        size = shape[axis]
         wrapped = np.where(index < 0, index + size, index)
         bad = (wrapped < 0) | (wrapped >= size)
         if bad.any():
             value = index[bad].ravel()[0]
             raise self.error(ShapeError, f"index {value} is out of range for axis {axis} of size {size} "
-                                         f"(tensor shape {self.x.shape})")
+                                         f"(indexed shape {shape})")
         return wrapped
 
-    def index_constant(self, index: np.ndarray, axis: int, size: int, x: Tensor) -> Tensor:
+    def index_constant(self, index: np.ndarray, axis: int, x: Tensor) -> Tensor:
         dtype = index.dtype if index.dtype in INDEX_DTYPES else np.dtype(np.int64)
-        return constant(self.wrapped(index.astype(np.int64), axis, size).astype(dtype), graph=x.graph)
+        return constant(self.wrapped(index.astype(np.int64), axis, x.shape).astype(dtype), graph=x.graph)
 
 
 def getitem(x: Tensor, key: Any) -> Tensor:
