@@ -38,5 +38,6 @@ def validate_feeds(placeholders: list[Node], feeds: Mapping[str, Any]) -> dict[s
             )
         if tuple(array.shape) != want.shape:
             raise FeedError(f"feed '{name}' has shape {tuple(array.shape)}, expected {want.shape}")
-        arrays[name] = np.ascontiguousarray(array)
+        # ascontiguousarray would turn a 0-d feed into shape (1,); 0-d arrays are always contiguous
+        arrays[name] = array if array.flags.c_contiguous else np.ascontiguousarray(array)
     return arrays
