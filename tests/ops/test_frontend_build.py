@@ -188,6 +188,16 @@ def test_non_contiguous_feeds_are_read_correctly(graph, rng):
     np.testing.assert_array_equal(gc.evaluate(x + 0, x=values.T), values.T)
 
 
+def test_zero_d_feeds_stay_zero_d(graph):
+    s = gc.input("s", (), "float64")
+    v = gc.input("v", (3,), "float64")
+    fed, scaled = gc.evaluate([s, s * v], s=np.float64(2.0), v=np.arange(3.0))
+    assert fed.shape == () and fed == 2.0
+    assert scaled.shape == (3,)
+    np.testing.assert_array_equal(gc.evaluate(-s, s=np.array(1.5)), -1.5)
+    assert gc.evaluate(-s, s=np.array(1.5)).shape == ()
+
+
 def _raises_at_line(fn_and_line):
     fn, line = fn_and_line
     with pytest.raises(ShapeError) as info:
