@@ -1,0 +1,274 @@
+"""`memory`: execution order, liveness, buffer reuse, peak bytes and captures.
+
+The unit of execution is a fusion group (`groups.py`): the fuse pass's
+plan when it ran, else `singleton_plan`, where every node that is neither a
+source nor a view is its own kernel (the "unfused op-by-op" program). Only
+group outputs are materialised. Views in "alias" groups need no kernel and
+no buffer: they share the buffer of the value they view (its *root*).
+Sources (feeds, constants, fills) live outside the plan and are not counted.
+
+* Liveness: a root's buffer is live from the step of the group that writes
+  it to the last step of a group that reads it (or any alias of it); graph
+  outputs stay live to the end.
+* Reuse, greedily in execution order: an output first takes the buffer of an
+  input that dies in this very group when that is safe (`_in_place_safe`),
+  else the smallest free buffer that fits without wasting more than half of
+  it, else a new buffer. Graph outputs, live to the end, get buffers of
+  their own exact size (or a dying input's, in place). A buffer freed by a group is free for the next
+  group, never for its own outputs.
+* `peak_bytes` is the most memory the plan occupies at any step: the sizes
+  of the buffers holding a live value then. `arena_bytes` is the sum of all
+  buffer sizes, what an executor that allocates every buffer up front
+  holds. `unfused_peak_bytes` is the baseline of a plain op-by-op executor:
+  one buffer per value of the singleton plan, each freed right after its
+  last use, at the worst step. Reuse and in-place updates make
+  `peak_bytes` smaller than the baseline; fusion, by not materialising
+  values at all, more so.
+* Captures are the forward values the backward pass keeps alive: forward
+  nodes (not feeds or constants) with a buffer of their own that a backward
+  node reads from another group. A forward value fused into a backward
+  kernel is recomputed there, so it is not a capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gradcompiler.errors import GraphError
+from gradcompiler.ir import Graph
+
+from .groups import FusionGroup, FusionPlan
+from .simplify.views import RESHAPE_LIKE
+
+if TYPE_CHECKING:
+    from .pipeline import PassContext
+
+GROUP_KIND_OF_OP_KIND = {
+    "source": "source", "view": "alias", "elementwise": "loop", "reduction": "reduce",
+    "library": "library", "gather": "library", "scatter": "library",
+}
+
+Capture = tuple[int, tuple[int, ...], np.dtype, int]
+
+
+@dataclass
+class MemoryPlan:
+    """Where every materialised value lives and what that costs.
+
+    `buffers` maps each materialised node, and each alias of one, to a buffer
+    index; `buffer_sizes[i]` is buffer i's size in bytes. `lifetimes` maps
+    each materialised node to its (first, last) step in `order`. `captures`
+    lists (node id, shape, dtype, nbytes) in node order. `in_place` counts
+    outputs written over a dying input.
+    """
+
+    order: list[FusionGroup]
+    buffers: dict[int, int]
+    buffer_sizes: list[int]
+    lifetimes: dict[int, tuple[int, int]]
+    peak_bytes: int
+    arena_bytes: int
+    unfused_peak_bytes: int
+    captures: list[Capture] = field(default_factory=list)
+    in_place: int = 0
+
+    @property
+    def capture_bytes(self) -> int:
+        return sum(c[3] for c in self.captures)
+
+
+def singleton_plan(graph: Graph) -> FusionPlan:
+    """Every node its own group, in topological order: the unfused program."""
+    groups = []
+    for step, node_id in enumerate(graph.topo_order()):
+        node = graph[node_id]
+        kind = GROUP_KIND_OF_OP_KIND[node.op.kind]
+        groups.append(FusionGroup(f"k{step}_{kind}", kind, (node_id,), (node_id,),
+                                  tuple(dict.fromkeys(node.inputs))))
+    return FusionPlan(groups)
+
+
+def _check_covers(graph: Graph, plan: FusionPlan) -> None:
+    members = [n for g in plan.groups for n in g.nodes]
+    if sorted(members) != sorted(graph.nodes):
+        missing = sorted(set(graph.nodes) - set(members))
+        extra = sorted(set(members) - set(graph.nodes))
+        raise GraphError(f"fusion plan does not cover graph '{graph.name}' exactly once "
+                         f"(missing {missing[:8]}, unknown {extra[:8]}, {len(members)} members)")
+
+
+def buffer_roots(plan: FusionPlan) -> dict[int, int]:
+    """Materialised node or alias → the materialised value whose memory it is.
+
+    Sources are their own roots (they have memory, just not in the plan).
+    """
+    root: dict[int, int] = {}
+    for group in plan.groups:
+        if group.kind == "alias":
+            if len(group.inputs) != 1:
+                raise GraphError(f"alias group {group.name} views {len(group.inputs)} values, not one")
+            for n in group.nodes:
+                root[n] = root.get(group.inputs[0], group.inputs[0])
+        else:
+            for n in group.outputs:
+                root[n] = n
+    return root
+
+
+def _lifetimes(graph: Graph, plan: FusionPlan, root: dict[int, int]) -> dict[int, tuple[int, int]]:
+    """(first, last) step of every materialised value (sources excluded)."""
+    end = len(plan.groups)
+    first = {n: step for step, g in enumerate(plan.groups) if g.kind not in ("source", "alias") for n in g.outputs}
+    last = dict(first)
+    for step, group in enumerate(plan.groups):
+        if group.kind == "alias":
+            continue
+        for i in group.inputs:
+            r = root.get(i, i)
+            if r in last:
+                last[r] = max(last[r], step)
+    for o in graph.outputs:
+        r = root.get(o, o)
+        if r in last:
+            last[r] = end
+    return {n: (first[n], last[n]) for n in first}
+
+
+def _peak_live_bytes(graph: Graph, lifetimes: dict[int, tuple[int, int]]) -> int:
+    """Largest sum of live value sizes at any step, one buffer per value."""
+    if not lifetimes:
+        return 0
+    steps = max(last for _, last in lifetimes.values()) + 1
+    delta = np.zeros(steps + 1, dtype=np.int64)
+    for n, (first, last) in lifetimes.items():
+        delta[first] += graph[n].type.nbytes
+        delta[last + 1] -= graph[n].type.nbytes
+    return int(np.cumsum(delta).max())
+
+
+def unfused_peak_bytes(graph: Graph) -> int:
+    """Peak bytes of the op-by-op program: every value its own buffer, freed after its last use."""
+    plan = singleton_plan(graph)
+    return _peak_live_bytes(graph, _lifetimes(graph, plan, buffer_roots(plan)))
+
+
+def _keeps_element_order(graph: Graph, node_id: int, root: int) -> bool:
+    """True if `node_id` is `root` or a chain of reshapes of it (same row-major order)."""
+    while node_id != root:
+        node = graph[node_id]
+        if not isinstance(node.op, RESHAPE_LIKE):
+            return False
+        node_id = node.inputs[0]
+    return True
+
+
+def _in_place_safe(graph: Graph, group: FusionGroup, value: int, out: int, root: int) -> bool:
+    """May `out` overwrite the buffer of `value` (an input of `group` dying here)?
+
+    Only in an elementwise loop whose members all have out's shape: element i
+    of every member then reads element i of a full-shape input, and nothing
+    reads an element after it is written. The input must have out's shape,
+    itemsize and element order.
+    """
+    o = graph[out].type
+    v = graph[value].type
+    return (group.kind == "loop"
+            and all(graph[m].op.kind == "elementwise" and graph[m].type.shape == o.shape for m in group.nodes)
+            and v.shape == o.shape and v.dtype.itemsize == o.dtype.itemsize
+            and _keeps_element_order(graph, value, root))
+
+
+class _Allocator:
+    """Buffers of a static plan, reused best-fit among those free.
+
+    A free buffer is reused for a value of at least half its size, so a
+    small value never pins a big buffer; otherwise, or when asked for a
+    `fresh` one, a new buffer is made.
+    """
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.free: list[int] = []
+
+    def take(self, nbytes: int, fresh: bool = False) -> int:
+        fitting = [] if fresh else [b for b in self.free if nbytes <= self.sizes[b] <= 2 * nbytes]
+        if fitting:
+            buf = min(fitting, key=lambda b: (self.sizes[b], b))
+            self.free.remove(buf)
+            return buf
+        self.sizes.append(nbytes)
+        return len(self.sizes) - 1
+
+
+def _captures(graph: Graph, plan: FusionPlan, root: dict[int, int], materialised: set[int]) -> list[Capture]:
+    group_of = plan.group_of()
+    captured: set[int] = set()
+    for node in graph.nodes.values():
+        if node.role != "backward":
+            continue
+        for i in node.inputs:
+            r = root.get(i)
+            if r is None or group_of[i] is group_of[node.id] and group_of[i].kind != "alias":
+                continue  # read inside its own kernel: recomputed, not kept
+            if r in materialised and graph[r].role == "forward":
+                captured.add(r)
+    return [(r, graph[r].type.shape, graph[r].type.dtype, graph[r].type.nbytes) for r in sorted(captured)]
+
+
+def _peak_occupied_bytes(sizes: list[int], buffer_of: dict[int, int],
+                         lifetimes: dict[int, tuple[int, int]]) -> int:
+    """Largest sum of sizes of the buffers that hold a live value at one step."""
+    if not lifetimes:
+        return 0
+    steps = max(last for _, last in lifetimes.values()) + 1
+    occupied = np.zeros((len(sizes), steps), dtype=bool)
+    for n, (first, last) in lifetimes.items():
+        occupied[buffer_of[n], first:last + 1] = True
+    return int((np.asarray(sizes, dtype=np.int64)[:, None] * occupied).sum(axis=0).max())
+
+
+def plan_memory(graph: Graph, plan: FusionPlan | None = None) -> MemoryPlan:
+    """The memory plan of `graph` executed group by group in `plan`'s order."""
+    plan = plan or singleton_plan(graph)
+    _check_covers(graph, plan)
+    root = buffer_roots(plan)
+    lifetimes = _lifetimes(graph, plan, root)
+    dying: dict[int, list[int]] = {}
+    for n, (_, last) in lifetimes.items():
+        dying.setdefault(last, []).append(n)
+    alloc, buffer_of, in_place = _Allocator(), {}, 0
+    for step, group in enumerate(plan.groups):
+        if group.kind in ("source", "alias"):
+            continue
+        inherited = set()
+        for out in group.outputs:
+            nbytes = graph[out].type.nbytes
+            donor = next((root[i] for i in group.inputs
+                          if root.get(i) in lifetimes and lifetimes[root[i]][1] == step
+                          and buffer_of[root[i]] not in inherited
+                          and _in_place_safe(graph, group, i, out, root[i])), None)
+            if donor is not None:
+                buffer_of[out] = buffer_of[donor]
+                inherited.add(buffer_of[out])
+                in_place += 1
+            else:
+                buffer_of[out] = alloc.take(nbytes, fresh=lifetimes[out][1] == len(plan.groups))
+        for n in dying.get(step, ()):
+            if buffer_of[n] not in inherited:
+                alloc.free.append(buffer_of[n])
+    buffers = {n: buffer_of[r] for n, r in root.items() if r in buffer_of}
+    return MemoryPlan(
+        order=list(plan.groups), buffers=buffers, buffer_sizes=alloc.sizes, lifetimes=lifetimes,
+        peak_bytes=_peak_occupied_bytes(alloc.sizes, buffer_of, lifetimes), arena_bytes=sum(alloc.sizes),
+        unfused_peak_bytes=unfused_peak_bytes(graph),
+        captures=_captures(graph, plan, root, set(lifetimes)), in_place=in_place)
+
+
+def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
+    plan = plan_memory(graph, ctx.fusion)
+    ctx.memory = plan
+    return {"buffers": len(plan.buffer_sizes), "values": len(plan.lifetimes), "in_place": plan.in_place,
+            "bytes_saved": plan.unfused_peak_bytes - plan.peak_bytes}  # pipeline.BYTES_SAVED
