@@ -76,9 +76,9 @@ class _Tap(NamedTuple):
 class _Sampling(NamedTuple):
     """Everything the three references need about where each output pixel samples."""
 
-    xs: np.ndarray      # (N, OH, OW) source column, NaN-free where `bad` is False
-    ys: np.ndarray
-    den: np.ndarray
+    xs: np.ndarray      # (N, OH, OW) source column; 0 where `bad`
+    ys: np.ndarray      # source row; 0 where `bad`
+    den: np.ndarray     # the perspective denominator (1 for an affine matrix)
     alpha_x: np.ndarray
     alpha_y: np.ndarray
     bad: np.ndarray     # non-finite coordinates

@@ -21,6 +21,8 @@ from gradcompiler.ops.vision import (
     WarpPerspectiveBackwardMat,
 )
 
+COVERS = {"WarpAffine", "WarpPerspective", "WarpPerspectiveBackwardData", "WarpPerspectiveBackwardMat"}
+
 MODES = ("replicate", "reflect", "reflect_101", "wrap", "constant")
 
 
@@ -103,7 +105,8 @@ def run_perspective(src, mat, out_hw, mode="replicate", border_val=0.0, fmt="NCH
         if mat_idx is not None:
             idx = gc.input("idx", mat_idx.shape, mat_idx.dtype)
             feeds["idx"] = mat_idx
-        y = gc.warp_perspective(s, m, out_hw, mat_idx=idx, border_mode=mode, border_val=border_val, format=fmt)
+        y = gc.warp_perspective(s, m, out_hw, mat_idx=idx, border_mode=mode,
+                                border_val=border_val, format=fmt)
     gc.verify(g)
     return gc.evaluate(y, feeds)
 
@@ -219,7 +222,8 @@ def test_float32_perspective_matches_the_loop(rng):
     mat = random_perspective(rng, 2).astype(np.float32)
     out = run_perspective(src, mat, (4, 7), "reflect_101")
     assert out.dtype == np.float32
-    np.testing.assert_allclose(out, warp_loop(src, mat.astype(np.float64), (4, 7), "reflect_101"), atol=1e-4)
+    expected = warp_loop(src, mat.astype(np.float64), (4, 7), "reflect_101")
+    np.testing.assert_allclose(out, expected, atol=1e-4)
 
 
 # -- non-finite coordinates and values ---------------------------------------------------------
@@ -227,7 +231,8 @@ def test_float32_perspective_matches_the_loop(rng):
 def test_zero_denominator_gives_border_val_in_constant_mode_and_nan_otherwise(rng):
     src = rng.standard_normal((1, 2, 3, 4))
     mat = np.array([[[1.0, 0, 0], [0, 1, 0], [0, 0, 0]]])  # den = 0 everywhere
-    np.testing.assert_array_equal(run_perspective(src, mat, (2, 3), "constant", 0.75), np.full((1, 2, 2, 3), 0.75))
+    constant = run_perspective(src, mat, (2, 3), "constant", 0.75)
+    np.testing.assert_array_equal(constant, np.full((1, 2, 2, 3), 0.75))
     assert np.isnan(run_perspective(src, mat, (2, 3), "replicate")).all()
     g = np.ones((1, 2, 2, 3))
     with gc.Graph("bad") as graph:
@@ -266,7 +271,8 @@ def test_backward_data_is_the_adjoint(rng, mode, fmt, with_idx):
     x, y = rng.standard_normal(src_shape), rng.standard_normal(out_shape)
     feeds = dict(x=x, y=y, mat=mat)
     with gc.Graph("adjoint") as g:
-        xi, yi, mi = gc.input("x", src_shape, "float64"), gc.input("y", out_shape, "float64"), gc.input("mat", mat.shape, "float64")
+        xi, yi = gc.input("x", src_shape, "float64"), gc.input("y", out_shape, "float64")
+        mi = gc.input("mat", mat.shape, "float64")
         extra = ()
         if with_idx:
             feeds["idx"] = np.array([1, 1, 0], np.int64)
@@ -277,6 +283,49 @@ def test_backward_data_is_the_adjoint(rng, mode, fmt, with_idx):
     warped_v, back_v = gc.evaluate([warped, back], feeds)
     assert back_v.shape == src_shape
     assert np.sum(warped_v * y) == pytest.approx(np.sum(x * back_v), rel=1e-12)
+
+
+# -- BackwardMat is d out / d mat (§9.5) ----------------------------------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+def test_backward_mat_matches_differences_of_the_loop(rng, mode, fmt):
+    """gmat[n, i, j] = <g[n], d out[n] / d mat[n, i, j]>, the derivative taken by central
+    differences of the per-pixel loop. The sample points stay 0.05 away from integer
+    coordinates, where the piecewise-bilinear map is smooth; they reach past every edge."""
+    src = rng.standard_normal((2, 2, 3, 4))
+    mat_idx = np.array([1, 0, 1])
+    mat = np.array([
+        [[0.97, 0.097, 0.386], [-0.044, 1.026, 0.586], [0.003, -0.013, 1.001]],
+        [[1.031, -0.162, -1.375], [0.073, 0.955, -0.653], [-0.006, 0.002, 1.009]],
+        [[0.915, 0.138, 1.626], [-0.123, 0.99, 1.818], [0.022, 0.023, 1.003]],
+    ])
+    oh, ow = np.meshgrid(np.arange(4.0), np.arange(5.0), indexing="ij")
+    for m in mat:
+        den = m[2, 0] * ow + m[2, 1] * oh + m[2, 2]
+        for row in (m[0], m[1]):
+            coord = (row[0] * ow + row[1] * oh + row[2]) / den
+            assert np.abs(coord - np.round(coord)).min() > 0.05
+    g = rng.standard_normal((3, 2, 4, 5))
+    expected = np.zeros((3, 3, 3))
+    step = 1e-6
+    for n in range(3):
+        for i in range(3):
+            for j in range(3):
+                plus, minus = mat.copy(), mat.copy()
+                plus[n, i, j] += step
+                minus[n, i, j] -= step
+                diff = (warp_loop(src, plus, (4, 5), mode, 0.4, mat_idx)
+                        - warp_loop(src, minus, (4, 5), mode, 0.4, mat_idx))
+                expected[n, i, j] = np.sum(g[n] * diff[n]) / (2 * step)
+    src_f, g_f = (src, g) if fmt == "NCHW" else (to_nhwc(src), to_nhwc(g))
+    with gc.Graph("backward_mat") as graph:
+        s, m, gi = (gc.input(k, v.shape, v.dtype) for k, v in (("s", src_f), ("m", mat), ("g", g_f)))
+        idx = gc.input("idx", (3,), "int64")
+        dmat = gc.apply(WarpPerspectiveBackwardMat(mode, 0.4, fmt), s, m, idx, gi)
+    gc.verify(graph)
+    value = gc.evaluate(dmat, s=src_f, m=mat, g=g_f, idx=mat_idx)
+    np.testing.assert_allclose(value, expected, rtol=1e-6, atol=1e-7)
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -300,7 +349,7 @@ def test_bad_mat_idx_is_a_run_time_index_error(rng):
 
 
 def _build_error(fn, **shapes):
-    """The BuildError raised by `fn(*inputs)` in a fresh graph."""
+    """The BuildError raised by `fn(**inputs)` in a fresh graph."""
     with gc.Graph("errors"):
         inputs = {k: gc.input(k, s, d) for k, (s, d) in shapes.items()}
         with pytest.raises(gc.errors.BuildError) as info:
@@ -309,44 +358,39 @@ def _build_error(fn, **shapes):
 
 
 F32 = "float32"
+AFFINE_IN = dict(src=((2, 5, 6, 3), F32), mat=((2, 2, 3), F32))      # NHWC, the default
+PERSPECTIVE_IN = dict(src=((2, 3, 5, 6), F32), mat=((2, 3, 3), F32))  # NCHW, the default
+
+
+def affine(out_shape=(3, 3), **kwargs):
+    return lambda src, mat: gc.warp_affine(src, mat, out_shape, **kwargs)
+
+
+def perspective(out_shape=(3, 3), **kwargs):
+    return lambda src, mat, idx=None: gc.warp_perspective(src, mat, out_shape, mat_idx=idx, **kwargs)
 
 
 @pytest.mark.parametrize("fn, shapes, error, words", [
-    (lambda src, mat: gc.warp_affine(src, mat, (3, 3)), dict(src=((5, 6, 3), F32), mat=((1, 2, 3), F32)),
-     gc.ShapeError, "4-D"),
-    (lambda src, mat: gc.warp_affine(src, mat, (3, 3)), dict(src=((2, 5, 6, 3), F32), mat=((3, 2, 3), F32)),
-     gc.ShapeError, "3 matrices"),
-    (lambda src, mat: gc.warp_affine(src, mat, (3, 3)), dict(src=((2, 5, 6, 3), F32), mat=((2, 3, 3), F32)),
-     gc.ShapeError, r"\(N, 2, 3\)"),
-    (lambda src, mat: gc.warp_perspective(src, mat, (3, 3)), dict(src=((2, 3, 5, 6), F32), mat=((2, 2, 3), F32)),
-     gc.ShapeError, r"\(N, 3, 3\)"),
-    (lambda src, mat: gc.warp_perspective(src, mat, (3, 3)), dict(src=((2, 3, 5, 6), F32), mat=((3, 3, 3), F32)),
-     gc.ShapeError, "pass mat_idx"),
-    (lambda src, mat, idx: gc.warp_perspective(src, mat, (3, 3), mat_idx=idx),
-     dict(src=((2, 3, 5, 6), F32), mat=((3, 3, 3), F32), idx=((2,), "int32")), gc.ShapeError, "mat_idx must have shape"),
-    (lambda src, mat, idx: gc.warp_perspective(src, mat, (3, 3), mat_idx=idx),
-     dict(src=((2, 3, 5, 6), F32), mat=((3, 3, 3), F32), idx=((3,), F32)), gc.DTypeError, "mat_idx must be an integer"),
-    (lambda src, mat: gc.warp_perspective(src, mat, (0, 3)), dict(src=((2, 3, 5, 6), F32), mat=((2, 3, 3), F32)),
-     gc.ShapeError, "two positive ints"),
-    (lambda src, mat: gc.warp_perspective(src, mat, (3,)), dict(src=((2, 3, 5, 6), F32), mat=((2, 3, 3), F32)),
-     gc.ShapeError, "two positive ints"),
-    (lambda src, mat: gc.warp_perspective(src, mat, (2.5, 3)), dict(src=((2, 3, 5, 6), F32), mat=((2, 3, 3), F32)),
-     gc.ShapeError, "two positive ints"),
-    (lambda src, mat: gc.warp_perspective(src, mat, 3), dict(src=((2, 3, 5, 6), F32), mat=((2, 3, 3), F32)),
-     gc.ShapeError, "two positive ints"),
-    (lambda src, mat: gc.warp_affine(src, mat, (3, 3), border_mode="mirror"),
-     dict(src=((2, 5, 6, 3), F32), mat=((2, 2, 3), F32)), gc.ShapeError, "unknown border mode 'mirror'"),
-    (lambda src, mat: gc.warp_affine(src, mat, (3, 3), format="NCWH"),
-     dict(src=((2, 5, 6, 3), F32), mat=((2, 2, 3), F32)), gc.ShapeError, "unknown format 'NCWH'"),
-    (lambda src, mat: gc.warp_affine(src, mat, (3, 3), border_val="zero"),
-     dict(src=((2, 5, 6, 3), F32), mat=((2, 2, 3), F32)), gc.ShapeError, "border_val"),
-    (lambda src, mat: gc.warp_affine(src, mat, (3, 3)), dict(src=((2, 5, 6, 3), "int32"), mat=((2, 2, 3), F32)),
-     gc.DTypeError, "float"),
-    (lambda src, mat: gc.warp_affine(src, mat, (3, 3)), dict(src=((2, 5, 6, 3), F32), mat=((2, 2, 3), "float64")),
-     gc.DTypeError, "differ"),
-    (lambda src, mat: gc.warp_affine(src, mat, (3, 3), format="NCHW"),
-     dict(src=((2, 3, 0, 6), F32), mat=((2, 2, 3), F32)), gc.ShapeError, "empty image"),
-    (lambda src, mat: gc.apply(WarpAffine((3, 3)), src, mat, mat), dict(src=((2, 5, 6, 3), F32), mat=((2, 2, 3), F32)),
+    (affine(), {**AFFINE_IN, "src": ((5, 6, 3), F32)}, gc.ShapeError, "4-D"),
+    (affine(), {**AFFINE_IN, "mat": ((3, 2, 3), F32)}, gc.ShapeError, "3 matrices"),
+    (affine(), {**AFFINE_IN, "mat": ((2, 3, 3), F32)}, gc.ShapeError, r"\(N, 2, 3\)"),
+    (perspective(), {**PERSPECTIVE_IN, "mat": ((2, 2, 3), F32)}, gc.ShapeError, r"\(N, 3, 3\)"),
+    (perspective(), {**PERSPECTIVE_IN, "mat": ((3, 3, 3), F32)}, gc.ShapeError, "pass mat_idx"),
+    (perspective(), {**PERSPECTIVE_IN, "mat": ((3, 3, 3), F32), "idx": ((2,), "int32")},
+     gc.ShapeError, "mat_idx must have shape"),
+    (perspective(), {**PERSPECTIVE_IN, "mat": ((3, 3, 3), F32), "idx": ((3,), F32)},
+     gc.DTypeError, "mat_idx must be an integer"),
+    (perspective((0, 3)), PERSPECTIVE_IN, gc.ShapeError, "two positive ints"),
+    (perspective((3,)), PERSPECTIVE_IN, gc.ShapeError, "two positive ints"),
+    (perspective((2.5, 3)), PERSPECTIVE_IN, gc.ShapeError, "two positive ints"),
+    (perspective(3), PERSPECTIVE_IN, gc.ShapeError, "two positive ints"),
+    (affine(border_mode="mirror"), AFFINE_IN, gc.ShapeError, "unknown border mode 'mirror'"),
+    (affine(format="NCWH"), AFFINE_IN, gc.ShapeError, "unknown format 'NCWH'"),
+    (affine(border_val="zero"), AFFINE_IN, gc.ShapeError, "border_val"),
+    (affine(), {**AFFINE_IN, "src": ((2, 5, 6, 3), "int32")}, gc.DTypeError, "float"),
+    (affine(), {**AFFINE_IN, "mat": ((2, 2, 3), "float64")}, gc.DTypeError, "differ"),
+    (affine(format="NCHW"), {**AFFINE_IN, "src": ((2, 3, 0, 6), F32)}, gc.ShapeError, "empty image"),
+    (lambda src, mat: gc.apply(WarpAffine((3, 3)), src, mat, mat), AFFINE_IN,
      gc.GraphError, "takes 2 inputs, got 3"),
 ])
 def test_build_time_errors_name_the_op_and_the_line(fn, shapes, error, words):
@@ -378,4 +422,5 @@ def test_backward_op_shape_errors():
 def test_border_mode_names_are_case_insensitive_in_the_frontend(rng):
     src = rng.standard_normal((1, 2, 3, 1))
     mat = np.array([[[1.0, 0, -1], [0, 1, 0]]])
-    np.testing.assert_array_equal(run_affine(src, mat, (2, 3), "WRAP"), run_affine(src, mat, (2, 3), "wrap"))
+    upper, lower = run_affine(src, mat, (2, 3), "WRAP"), run_affine(src, mat, (2, 3), "wrap")
+    np.testing.assert_array_equal(upper, lower)
