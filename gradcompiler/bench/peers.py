@@ -1,0 +1,260 @@
+"""The peers the suite measures beside the compiled step.
+
+A peer turns a workload's feeds into a `run()` that performs one whole step
+(loss and every gradient) and returns only once the work is done, so that
+the suite can time it like the compiled step. Peers:
+
+* `numpy_manual`: the hand-written numpy steps of `manual.py`, always there;
+* `torch_eager`: PyTorch autograd, written as a PyTorch user would
+  (`F.cross_entropy`, `F.layer_norm`, `F.grid_sample`, `F.pixel_shuffle`);
+* `torch_compile`: the same loss through `torch.compile` (forward and the
+  AOT-autograd backward compiled), gradients by `torch.autograd.grad`;
+* `jax_jit`: `jax.jit(jax.value_and_grad(loss))`, idiomatic jax
+  (`jax.nn`, `jax.scipy.ndimage.map_coordinates` for the warp).
+
+A framework that is not installed is not an error: `available_peers` reports
+it as skipped with a note. On target "cuda" the torch peers use the GPU when
+torch sees one, and jax uses its default device; otherwise they run on the
+CPU, and the peer's `device` says so.
+
+The peers' losses are the workloads of benchmarks.md written again in each
+framework's own idiom; the suite checks each peer's outputs against
+`numpy_manual`, so a mistranslation shows up in the report, not as a fast
+wrong number.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from . import manual
+from .workloads import PIXEL_SHUFFLE_FACTOR, Workload, attention_scale
+
+PEER_NAMES = ("numpy_manual", "torch_eager", "torch_compile", "jax_jit")
+
+
+@dataclass
+class PreparedPeer:
+    """One peer bound to one workload's feeds."""
+
+    run: Callable[[], Any]                          # one step; returns when it is done
+    to_numpy: Callable[[Any], list[np.ndarray]]     # run()'s result as [loss, *grads]
+    device: str
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    prepare: Callable[[Workload, Mapping[str, np.ndarray], str], PreparedPeer] | None
+    note: str = ""          # why it is skipped, or what it runs on
+
+    @property
+    def available(self) -> bool:
+        return self.prepare is not None
+
+
+# -- numpy ---------------------------------------------------------------------------------------
+
+def _prepare_numpy(work: Workload, feeds: Mapping[str, np.ndarray], target: str) -> PreparedPeer:
+    step = manual.STEPS[work.name]
+    return PreparedPeer(lambda: step(feeds), list, "cpu")
+
+
+# -- torch ---------------------------------------------------------------------------------------
+
+def _torch_losses(torch) -> dict[str, Callable[..., Any]]:
+    functional = torch.nn.functional
+
+    def mlp(x, labels, w1, b1, w2, b2, w3, b3):
+        h = functional.relu(x @ w1 + b1)
+        h = functional.relu(h @ w2 + b2)
+        return functional.cross_entropy(h @ w3 + b3, labels)
+
+    def layernorm_gelu(x, gamma, beta, r):
+        h = functional.layer_norm(x, x.shape[-1:], gamma, beta, eps=manual.LAYER_NORM_EPS)
+        return ((functional.gelu(h, approximate="tanh") + x) * r).sum()
+
+    def attention(q, k, v, r):
+        p = torch.softmax(q @ k.transpose(1, 2) / attention_scale(q.shape[-1]), dim=-1)
+        return ((p @ v) * r).sum()
+
+    def embedding(table, idx, r):
+        return (torch.tanh(functional.embedding(idx, table)) * r).sum()
+
+    def bcast_reduce(x, b, w):
+        return (functional.relu(x + b) * w).sum()
+
+    def spatial_transformer(img, mat, r):
+        # pixel-space inverse map → grid_sample's normalised coordinates (align_corners=True);
+        # REPLICATE is padding_mode="border" (op-reference §9.8)
+        _, _, h, w = img.shape
+        ow = torch.arange(w, dtype=img.dtype, device=img.device)
+        oh = torch.arange(h, dtype=img.dtype, device=img.device)[:, None]
+        m = mat[:, :, :, None, None]
+        xs = m[:, 0, 0] * ow + m[:, 0, 1] * oh + m[:, 0, 2]
+        ys = m[:, 1, 0] * ow + m[:, 1, 1] * oh + m[:, 1, 2]
+        grid = torch.stack([2 * xs / (w - 1) - 1, 2 * ys / (h - 1) - 1], dim=-1)
+        out = functional.grid_sample(img, grid, mode="bilinear", padding_mode="border",
+                                     align_corners=True)
+        return (out * r).sum()
+
+    def pixel_shuffle(x):
+        y = functional.pixel_shuffle(x, PIXEL_SHUFFLE_FACTOR)
+        return (y * y).sum() / 2
+
+    return dict(mlp=mlp, layernorm_gelu=layernorm_gelu, attention=attention, embedding=embedding,
+                bcast_reduce=bcast_reduce, spatial_transformer=spatial_transformer,
+                pixel_shuffle=pixel_shuffle)
+
+
+def _torch_device(torch, target: str) -> str:
+    return "cuda" if target == "cuda" and torch.cuda.is_available() else "cpu"
+
+
+def _torch_peer(compiled: bool):
+    def prepare(work: Workload, feeds: Mapping[str, np.ndarray], target: str) -> PreparedPeer:
+        import torch
+
+        device = _torch_device(torch, target)
+        loss_fn = _torch_losses(torch)[work.name]
+        if compiled:
+            loss_fn = torch.compile(loss_fn)
+        wrt_names = [t.name for t in work.wrt]
+        tensors = {}
+        for name, value in feeds.items():
+            # torch indexes with int64 (cross_entropy targets, embedding ids)
+            array = value.astype(np.int64) if value.dtype.kind in "iu" else value
+            tensor = torch.from_numpy(np.ascontiguousarray(array)).to(device)
+            tensors[name] = tensor.requires_grad_(name in wrt_names)
+        sources = [tensors[n] for n in wrt_names]
+
+        def run():
+            loss = loss_fn(**tensors)
+            grads = torch.autograd.grad(loss, sources)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return [loss, *grads]
+
+        def to_numpy(result) -> list[np.ndarray]:
+            return [t.detach().cpu().numpy() for t in result]
+
+        return PreparedPeer(run, to_numpy, device)
+
+    return prepare
+
+
+# -- jax -----------------------------------------------------------------------------------------
+
+def _jax_losses(jax) -> dict[str, Callable[..., Any]]:
+    jnp = jax.numpy
+
+    def mlp(x, labels, w1, b1, w2, b2, w3, b3):
+        h = jax.nn.relu(x @ w1 + b1)
+        h = jax.nn.relu(h @ w2 + b2)
+        logp = jax.nn.log_softmax(h @ w3 + b3, axis=-1)
+        return -jnp.take_along_axis(logp, labels[:, None], axis=1).mean()
+
+    def layernorm_gelu(x, gamma, beta, r):
+        h = jax.nn.standardize(x, axis=-1, epsilon=manual.LAYER_NORM_EPS) * gamma + beta
+        return ((jax.nn.gelu(h, approximate=True) + x) * r).sum()
+
+    def attention(q, k, v, r):
+        p = jax.nn.softmax(q @ jnp.swapaxes(k, 1, 2) / attention_scale(q.shape[-1]), axis=-1)
+        return ((p @ v) * r).sum()
+
+    def embedding(table, idx, r):
+        return (jnp.tanh(jnp.take(table, idx, axis=0)) * r).sum()
+
+    def bcast_reduce(x, b, w):
+        return (jax.nn.relu(x + b) * w).sum()
+
+    def spatial_transformer(img, mat, r):
+        # map_coordinates(order=1, mode="nearest") is bilinear with REPLICATE borders
+        _, _, h, w = img.shape
+        oh, ow = jnp.meshgrid(jnp.arange(h, dtype=img.dtype), jnp.arange(w, dtype=img.dtype),
+                              indexing="ij")
+
+        def warp_one(plane_stack, m):
+            xs = m[0, 0] * ow + m[0, 1] * oh + m[0, 2]
+            ys = m[1, 0] * ow + m[1, 1] * oh + m[1, 2]
+            sample = lambda plane: jax.scipy.ndimage.map_coordinates(  # noqa: E731
+                plane, [ys, xs], order=1, mode="nearest")
+            return jax.vmap(sample)(plane_stack)
+
+        return (jax.vmap(warp_one)(img, mat) * r).sum()
+
+    def pixel_shuffle(x):
+        b, cr2, h, w = x.shape
+        f = PIXEL_SHUFFLE_FACTOR
+        c = cr2 // (f * f)
+        y = x.reshape(b, c, f, f, h, w).transpose(0, 1, 4, 2, 5, 3).reshape(b, c, h * f, w * f)
+        return (y * y).sum() / 2
+
+    return dict(mlp=mlp, layernorm_gelu=layernorm_gelu, attention=attention, embedding=embedding,
+                bcast_reduce=bcast_reduce, spatial_transformer=spatial_transformer,
+                pixel_shuffle=pixel_shuffle)
+
+
+def _prepare_jax(work: Workload, feeds: Mapping[str, np.ndarray], target: str) -> PreparedPeer:
+    import jax
+
+    loss_fn = _jax_losses(jax)[work.name]
+    wrt_names = [t.name for t in work.wrt]
+    # jax without x64 indexes in int32; every index here fits
+    arrays = {k: jax.device_put(v.astype(np.int32) if v.dtype.kind in "iu" else v)
+              for k, v in feeds.items()}
+    differentiable = {k: arrays[k] for k in wrt_names}
+    rest = {k: v for k, v in arrays.items() if k not in differentiable}
+    step = jax.jit(jax.value_and_grad(lambda d, other: loss_fn(**d, **other)))
+
+    def run():
+        loss, grads = step(differentiable, rest)
+        return jax.block_until_ready((loss, grads))
+
+    def to_numpy(result) -> list[np.ndarray]:
+        loss, grads = result
+        return [np.asarray(loss)] + [np.asarray(grads[n]) for n in wrt_names]
+
+    return PreparedPeer(run, to_numpy, str(jax.devices()[0].platform))
+
+
+# -- discovery -----------------------------------------------------------------------------------
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def available_peers(names: Sequence[str] = PEER_NAMES) -> list[Peer]:
+    """Every requested peer; those whose framework is missing carry prepare=None and a note."""
+    has_torch, has_jax = _installed("torch"), _installed("jax")
+    missing = "not installed (make bench-peers installs it)"
+    table = {
+        "numpy_manual": Peer("numpy_manual", _prepare_numpy),
+        "torch_eager": Peer("torch_eager", _torch_peer(False)) if has_torch
+        else Peer("torch_eager", None, f"torch {missing}"),
+        "torch_compile": Peer("torch_compile", _torch_peer(True)) if has_torch
+        else Peer("torch_compile", None, f"torch {missing}"),
+        "jax_jit": Peer("jax_jit", _prepare_jax) if has_jax else Peer("jax_jit", None, f"jax {missing}"),
+    }
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ValueError(f"unknown peer(s) {unknown}; expected some of {PEER_NAMES}")
+    return [table[n] for n in names]
+
+
+def max_relative_error(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:
+    """Largest |got − want| / (max |want| + tiny) over all outputs: one scale per output."""
+    worst = 0.0
+    for g, w in zip(got, want):
+        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        if g64.shape != w64.shape:
+            return math.inf
+        scale = float(np.max(np.abs(w64))) if w64.size else 0.0
+        err = float(np.max(np.abs(g64 - w64))) if w64.size else 0.0
+        worst = max(worst, err / (scale + 1e-30))
+    return worst

@@ -1,0 +1,286 @@
+"""The benchmark suite: the compiled step of each workload against its peers.
+
+Public entry points (used by `gradcompiler bench` in `cli.py` and by
+`python -m gradcompiler.bench`):
+
+    run_suite(workloads=None, target="cpu", quick=False, *, steps=None, warmup=None,
+              peers=None, first_call=True, log=print) -> dict
+
+        workloads   names from `workloads.NAMES` (default: all seven)
+        target      "cpu" or "cuda", passed to `gc.compile`
+        quick       tiny sizes, few steps, small machine probes: a smoke run
+        steps       timed steps per measurement (default 20; 5 in quick mode)
+        warmup      untimed steps first (default 3; 2 in quick mode)
+        peers       names from `peers.PEER_NAMES` (default: all; missing ones are skipped)
+        first_call  also measure cold and warm first-call latency in subprocesses
+        log         called with one line per measurement; None for silence
+
+      returns the result document (plain JSON data) described in `report.py`,
+      which writes it as JSON, a Markdown table and a PNG chart:
+
+    report.write_json(result, path); report.write_markdown(result, path);
+    report.write_plot(result, path); report.markdown_table(result) -> str
+
+    add_arguments(parser)      the bench options, for a CLI subcommand
+    run_from_args(namespace)   run_suite + the writers the options ask for; exit status
+    main(argv)                 the two above on a parser of its own
+
+A workload that fails to build, compile or run is recorded with its error
+and the suite goes on; so is a peer. Every peer is checked against
+`numpy_manual` (the hand-written step, and the benchmark's own oracle), and
+so is the compiled step: a fast wrong answer is reported as wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numba
+import numpy as np
+
+import gradcompiler as gc
+
+from . import machine, report
+from . import peers as peer_registry
+from . import workloads as workload_registry
+from .first_call import materialise
+from .workloads import Workload
+
+SCHEMA = "gradcompiler-bench/1"
+FULL_STEPS, FULL_WARMUP = 20, 3
+QUICK_STEPS, QUICK_WARMUP = 5, 2
+# float32 losses sum millions of terms; the error is relative to each output's largest magnitude
+TOLERANCE = 1e-3
+FIRST_CALL_TIMEOUT_S = 1800
+
+Log = Callable[[str], None] | None
+
+
+def compile_step(work: Workload, target: str) -> Callable[..., Any]:
+    """The compiled training step of a workload: loss and gradients in one executable."""
+    from gradcompiler.compile import compile as compile_graph
+
+    return compile_graph(work.outputs, target=target)
+
+
+def time_calls(run: Callable[[], Any], steps: int, warmup: int) -> dict[str, float]:
+    """Median, min and max seconds of `steps` calls of `run` after `warmup` untimed ones."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return dict(median_s=statistics.median(times), min_s=min(times), max_s=max(times),
+                steps=steps, warmup=warmup)
+
+
+def _failure(err: BaseException) -> dict[str, Any]:
+    last = traceback.extract_tb(err.__traceback__)[-1:] if err.__traceback__ else []
+    where = f" ({last[0].filename}:{last[0].lineno})" if last else ""
+    return dict(status="failed", error=f"{type(err).__name__}: {err}{where}")
+
+
+def _checked(outputs: list[np.ndarray], oracle: list[np.ndarray]) -> dict[str, Any]:
+    error = peer_registry.max_relative_error(outputs, oracle)
+    return dict(max_rel_error_vs_numpy=error, correct=bool(error <= TOLERANCE))
+
+
+def measure_compiled(work: Workload, feeds: dict, oracle: list[np.ndarray], target: str,
+                     steps: int, warmup: int) -> dict[str, Any]:
+    try:
+        step = compile_step(work, target)
+        checked = _checked(materialise(step(**feeds)), oracle)
+        timing = time_calls(lambda: materialise(step(**feeds)), steps, warmup)
+    except Exception as err:  # noqa: BLE001 - recorded in the report, the suite goes on
+        return _failure(err)
+    return dict(status="ok", **timing, **checked)
+
+
+def measure_peer(peer: peer_registry.Peer, work: Workload, feeds: dict, oracle: list[np.ndarray],
+                 target: str, steps: int, warmup: int) -> dict[str, Any]:
+    if not peer.available:
+        return dict(status="skipped", note=peer.note)
+    try:
+        prepared = peer.prepare(work, feeds, target)
+        checked = _checked(prepared.to_numpy(prepared.run()), oracle)
+        timing = time_calls(prepared.run, steps, warmup)
+    except Exception as err:  # noqa: BLE001
+        return _failure(err)
+    return dict(status="ok", device=prepared.device, **timing, **checked)
+
+
+def _first_call_process(name: str, target: str, size: str, cache_dir: str) -> dict[str, float]:
+    env = dict(os.environ, GRADCOMPILER_CACHE_DIR=cache_dir,
+               NUMBA_CACHE_DIR=os.path.join(cache_dir, "numba"))
+    root = str(Path(gc.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", "gradcompiler.bench.first_call", name, "--target", target,
+         "--size", size], env=env, capture_output=True, text=True, timeout=FIRST_CALL_TIMEOUT_S)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"first-call process exited with {done.returncode}: {tail[0]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_first_call(name: str, target: str, size: str) -> dict[str, Any]:
+    """Cold (empty kernel cache) and warm (cache filled by the cold process) first calls."""
+    with tempfile.TemporaryDirectory(prefix="gradcompiler-bench-cache-") as cache_dir:
+        try:
+            cold = _first_call_process(name, target, size, cache_dir)
+            warm = _first_call_process(name, target, size, cache_dir)
+        except Exception as err:  # noqa: BLE001
+            return _failure(err)
+    return dict(status="ok", cold_s=cold["seconds"], warm_s=warm["seconds"], cold=cold, warm=warm)
+
+
+def achieved(work: Workload, median_s: float, limits: dict[str, float]) -> dict[str, Any]:
+    """The step's rate against the machine limit that bounds it."""
+    if work.bound == "gemm":
+        rate, limit, unit = work.flops / median_s / 1e9, limits["sgemm_gflop_s"], "GFLOP/s"
+    else:
+        rate, limit, unit = work.min_bytes / median_s / 1e9, limits["bandwidth_gb_s"], "GB/s"
+    return dict(unit=unit, rate=rate, limit=limit, fraction=rate / limit)
+
+
+def floor_seconds(work: Workload, limits: dict[str, float]) -> float:
+    """The fastest a step could be: its FLOP at the SGEMM rate, or its bytes at the bandwidth."""
+    if work.bound == "gemm":
+        return work.flops / (limits["sgemm_gflop_s"] * 1e9)
+    return work.min_bytes / (limits["bandwidth_gb_s"] * 1e9)
+
+
+def _environment(target: str) -> dict[str, Any]:
+    return dict(python=platform.python_version(), numpy=np.__version__, numba=numba.__version__,
+                gradcompiler=gc.__version__, platform=platform.platform(),
+                machine=platform.machine(), cpu_count=os.cpu_count(), target=target)
+
+
+def _log(log: Log, line: str) -> None:
+    if log is not None:
+        log(line)
+
+
+def run_workload(name: str, target: str, size: str, peers: list[peer_registry.Peer],
+                 steps: int, warmup: int, limits: dict[str, float], first_call: bool,
+                 log: Log) -> dict[str, Any]:
+    work = workload_registry.build(name, size)
+    feeds = workload_registry.feeds_for(work)
+    oracle = [np.asarray(v) for v in peer_registry.manual.STEPS[name](feeds)]
+    entry: dict[str, Any] = dict(
+        name=name, size=size, dims=work.dims, bound=work.bound, flops=work.flops,
+        min_bytes=work.min_bytes, floor_s=floor_seconds(work, limits))
+    entry["compiled"] = measure_compiled(work, feeds, oracle, target, steps, warmup)
+    _log(log, f"{name}: gradcompiler {_brief(entry['compiled'])}")
+    entry["peers"] = {}
+    for peer in peers:
+        entry["peers"][peer.name] = measure_peer(peer, work, feeds, oracle, target, steps, warmup)
+        _log(log, f"{name}: {peer.name} {_brief(entry['peers'][peer.name])}")
+    compiled = entry["compiled"]
+    if compiled["status"] == "ok":
+        entry["achieved"] = achieved(work, compiled["median_s"], limits)
+        entry["ratio"] = {p: r["median_s"] / compiled["median_s"]
+                          for p, r in entry["peers"].items() if r["status"] == "ok"}
+    entry["first_call"] = (measure_first_call(name, target, size) if first_call
+                           else dict(status="skipped", note="not requested"))
+    if first_call:
+        _log(log, f"{name}: first call {_brief_first_call(entry['first_call'])}")
+    return entry
+
+
+def _brief(measured: dict[str, Any]) -> str:
+    if measured["status"] != "ok":
+        return f"{measured['status']}: {measured.get('error') or measured.get('note')}"
+    flag = "" if measured["correct"] else f"  WRONG (rel. error {measured['max_rel_error_vs_numpy']:.2e})"
+    return (f"{measured['median_s'] * 1e3:.3f} ms/step (min {measured['min_s'] * 1e3:.3f}, "
+            f"max {measured['max_s'] * 1e3:.3f}){flag}")
+
+
+def _brief_first_call(measured: dict[str, Any]) -> str:
+    if measured["status"] != "ok":
+        return f"{measured['status']}: {measured.get('error')}"
+    return f"cold {measured['cold_s']:.2f} s, warm {measured['warm_s']:.2f} s"
+
+
+def run_suite(workloads: Sequence[str] | None = None, target: str = "cpu", quick: bool = False, *,
+              steps: int | None = None, warmup: int | None = None,
+              peers: Sequence[str] | None = None, first_call: bool = True,
+              log: Log = print) -> dict[str, Any]:
+    """Measure each workload's compiled step and its peers; return the result document."""
+    names = list(workloads or workload_registry.NAMES)
+    unknown = [n for n in names if n not in workload_registry.NAMES]
+    if unknown:
+        raise ValueError(f"unknown workload(s) {unknown}; expected some of {list(workload_registry.NAMES)}")
+    if target not in ("cpu", "cuda"):
+        raise ValueError(f"unknown target {target!r}; expected 'cpu' or 'cuda'")
+    steps = steps or (QUICK_STEPS if quick else FULL_STEPS)
+    warmup = warmup if warmup is not None else (QUICK_WARMUP if quick else FULL_WARMUP)
+    size = "tiny" if quick else "full"
+    peer_list = peer_registry.available_peers(peers if peers is not None else peer_registry.PEER_NAMES)
+    limits = machine.measure(quick=quick).as_dict()
+    _log(log, f"machine: {limits['bandwidth_gb_s']:.1f} GB/s, {limits['sgemm_gflop_s']:.1f} GFLOP/s SGEMM")
+    return dict(
+        schema=SCHEMA, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        target=target, quick=quick, size=size, steps=steps, warmup=warmup,
+        environment=_environment(target), machine=limits,
+        peers={p.name: dict(available=p.available, note=p.note) for p in peer_list},
+        workloads=[run_workload(n, target, size, peer_list, steps, warmup, limits, first_call, log)
+                   for n in names])
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `gradcompiler bench`."""
+    parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                        help="where the compiled step runs (default: cpu)")
+    parser.add_argument("--workload", action="append", choices=workload_registry.NAMES,
+                        metavar="NAME", help="run only this workload (repeatable; default: all "
+                        f"of {', '.join(workload_registry.NAMES)})")
+    parser.add_argument("--peer", action="append", choices=peer_registry.PEER_NAMES, metavar="PEER",
+                        help="measure only this peer (repeatable; default: all installed)")
+    parser.add_argument("--json", metavar="FILE", help="write the full results as JSON")
+    parser.add_argument("--markdown", metavar="FILE", help="write the results table as Markdown")
+    parser.add_argument("--plot", metavar="FILE", help="write a bar chart (PNG)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes and few steps: a smoke run, not a measurement")
+    parser.add_argument("--no-first-call", dest="first_call", action="store_false",
+                        help="skip the cold/warm first-call subprocesses")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the suite as the options say, print the table, write the files; the exit status."""
+    result = run_suite(args.workload, target=args.target, quick=args.quick, peers=args.peer,
+                       first_call=args.first_call)
+    print(report.markdown_table(result))
+    for path, write in ((args.json, report.write_json), (args.markdown, report.write_markdown),
+                        (args.plot, report.write_plot)):
+        if path:
+            write(result, path)
+            print(f"wrote {path}")
+    failed = [w["name"] for w in result["workloads"]
+              if w["compiled"]["status"] != "ok" or not w["compiled"]["correct"]]
+    if failed:
+        print(f"failed or wrong: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gradcompiler.bench",
+                                     description="Benchmark the compiled workloads against their peers.")
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
