@@ -15,6 +15,7 @@ import pytest
 import gradcompiler as gc
 from gradcompiler.errors import NotDifferentiableError
 from gradcompiler.ops.elemwise import MODES
+from helpers import assert_grads, evaluate_needed
 
 # mode -> (domain of each input, indices of the inputs that get a gradient)
 GRAD_CASES = {
@@ -86,23 +87,6 @@ def _inputs(rng, domains, shapes):
     feeds = {f"x{i}": _data(rng, d, s) for i, (d, s) in enumerate(zip(domains, shapes))}
     tensors = [gc.input(name, v.shape, "float32") for name, v in feeds.items()]
     return tensors, feeds
-
-
-def evaluate_needed(tensors, feeds):
-    """`gc.evaluate` with only the feeds these tensors depend on (it rejects extra ones)."""
-    graph = tensors[0].graph
-    needed = graph.ancestors([t.id for t in tensors])
-    names = {graph[i].name for i in needed if graph[i].role in ("input", "param")}
-    return gc.evaluate(tensors, {k: v for k, v in feeds.items() if k in names})
-
-
-def assert_grads(out, wrt, feeds, order: int = 1) -> None:
-    """Finite-difference check in float64, and the same gradient built into the
-    (float32) user graph, where it must type-check and keep each input's type."""
-    gc.check_grads(out, wrt, feeds, order=order)
-    grads = gc.grad(out.sum(), wrt)
-    for g, w, value in zip(grads, wrt, evaluate_needed(grads, feeds)):
-        assert g.type == w.type and value.shape == w.shape and value.dtype == w.dtype
 
 
 def test_every_mode_is_classified():
