@@ -43,7 +43,7 @@ def uniform_value(op: Op) -> float | int | None:
     return None
 
 
-def _fill_value(graph: Graph, node: Node) -> float | None:
+def fill_value(graph: Graph, node: Node) -> float | None:
     """The repeated value of `node` on uniform inputs, if a Fill can hold it."""
     dtype = node.type.dtype
     values = [uniform_value(graph[i].op) for i in node.inputs]
@@ -53,7 +53,10 @@ def _fill_value(graph: Graph, node: Node) -> float | None:
         value = np.array(values[0]).astype(dtype)
     else:
         scalars = [np.array(v).astype(graph[i].type.dtype) for v, i in zip(values, node.inputs)]
-        value = np.asarray(node.op.reference(*scalars))
+        try:
+            value = np.asarray(node.op.reference(*scalars))
+        except Exception:  # noqa: BLE001 - an op that cannot run on scalars is not folded
+            return None
         if value.shape != () or value.dtype != dtype:
             return None
     as_float = float(value)
@@ -67,10 +70,10 @@ def _folded(graph: Graph, node: Node, limit: int) -> tuple[str, Op] | None:
     ops = [graph[i].op for i in node.inputs]
     if node.op.kind == "source" or not all(isinstance(op, (Constant, Fill)) for op in ops):
         return None
+    value = fill_value(graph, node)
+    if value is not None:
+        return "to_fill", Fill(node.type.shape, node.type.dtype, value)
     try:
-        value = _fill_value(graph, node)
-        if value is not None:
-            return "to_fill", Fill(node.type.shape, node.type.dtype, value)
         if node.type.size > limit or any(graph[i].type.size > INPUT_FACTOR * limit for i in node.inputs):
             return None
         result = np.asarray(node.op.reference(*(op.reference() for op in ops)))

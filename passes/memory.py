@@ -168,17 +168,20 @@ def _keeps_element_order(graph: Graph, node_id: int, root: int) -> bool:
 def _in_place_safe(graph: Graph, group: FusionGroup, value: int, out: int, root: int) -> bool:
     """May `out` overwrite the buffer of `value` (an input of `group` dying here)?
 
-    Only in an elementwise loop whose members all have out's shape: element i
-    of every member then reads element i of a full-shape input, and nothing
-    reads an element after it is written. The input must have out's shape,
-    itemsize and element order.
+    Yes for a lone scatter's data operand (the op is "copy data, then write
+    into the copy"), and in an elementwise loop whose members all have out's
+    shape: element i of every member then reads element i of a full-shape
+    input, and nothing reads an element after it is written. Either way the
+    input must have out's shape, itemsize and element order.
     """
-    o = graph[out].type
-    v = graph[value].type
-    return (group.kind == "loop"
-            and all(graph[m].op.kind == "elementwise" and graph[m].type.shape == o.shape for m in group.nodes)
-            and v.shape == o.shape and v.dtype.itemsize == o.dtype.itemsize
-            and _keeps_element_order(graph, value, root))
+    o, v = graph[out].type, graph[value].type
+    if v.shape != o.shape or v.dtype.itemsize != o.dtype.itemsize or not _keeps_element_order(graph, value, root):
+        return False
+    node = graph[out]
+    if group.nodes == (out,) and node.op.kind == "scatter":
+        return node.inputs[0] == value
+    return group.kind == "loop" and all(
+        graph[m].op.kind == "elementwise" and graph[m].type.shape == o.shape for m in group.nodes)
 
 
 class _Allocator:

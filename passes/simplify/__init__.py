@@ -10,7 +10,7 @@ of the node they replace, and never change a value beyond rounding
 (`arith` states its two documented exceptions). `driver.run` is the pass.
 """
 
-from . import arith, matmul, views  # noqa: F401  (importing registers the rewrites)
+from . import arith, matmul, scatter, views  # noqa: F401  (importing registers the rewrites)
 from .driver import run
 from .registry import REWRITES, rewrite
 

@@ -1,5 +1,5 @@
-"""Arithmetic identities: x·1, x+0, x−0, −(−x), x·0 (where exact), and the
-identity ops StopGradient and FastpathCopy.
+"""Arithmetic identities: x·1, x+0, x−0, −(−x), x·0 (where exact), elementwise
+ops of uniform constants, and the identity ops StopGradient and FastpathCopy.
 
 Each rewrite is exact in IEEE arithmetic except two, stated here:
 * `x + 0 → x` turns a −0.0 sum (+0.0) back into x's −0.0; the two compare
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gradcompiler.ir import Graph, Node
+from gradcompiler.ir import Graph, Node, Op
 from gradcompiler.ops.elemwise import Elemwise, StopGradient
 from gradcompiler.ops.shape import Broadcast, FastpathCopy
 
+from ..constant_fold import fill_value
 from .registry import add_fill, add_like, is_uniform, rewrite
 
 if TYPE_CHECKING:
@@ -75,6 +76,17 @@ def double_negation(graph: Graph, node: Node, ctx: PassContext) -> int | None:
     if isinstance(inner.op, Elemwise) and inner.op.mode == "NEGATE":
         return inner.inputs[0]
     return None
+
+
+@rewrite(Op)
+def uniform_to_fill(graph: Graph, node: Node, ctx: PassContext) -> int | None:
+    """An elementwise op or view of uniform constants is a Fill (see `constant_fold`).
+
+    Rewrites often leave such nodes behind after folding has run; a Fill
+    costs nothing, so simplify folds them as it goes.
+    """
+    value = fill_value(graph, node)
+    return None if value is None else add_fill(graph, node, value)
 
 
 @rewrite(StopGradient, FastpathCopy)

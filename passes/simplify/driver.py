@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from gradcompiler.errors import GraphError
 from gradcompiler.ir import Graph
 
-from .registry import REWRITES
+from .registry import rewrites_for
 
 if TYPE_CHECKING:
     from ..pipeline import PassContext
@@ -67,7 +67,7 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
         if node_id not in graph:
             continue
         node = graph[node_id]
-        for rule in REWRITES.get(type(node.op), ()):
+        for rule in rewrites_for(node.op):
             new = rule(graph, node, ctx)
             if new is None or new == node_id:
                 continue

@@ -5,7 +5,8 @@ computes the same value as `node` (an existing node, or one it just added),
 or None when it does not apply. It never mutates existing nodes and adds
 nothing when it returns None; the driver redirects the uses and deletes
 what became dead. It is registered for the op classes of the nodes it
-matches, and its function name is the name counted in the pass stats.
+matches (`Op` itself: every node), and its function name is the name
+counted in the pass stats.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ REWRITES: dict[type[Op], list[Rewrite]] = {}
 
 
 def rewrite(*op_classes: type[Op]) -> Callable[[Rewrite], Rewrite]:
-    """Register the decorated rewrite for nodes whose op is one of `op_classes`."""
+    """Register the decorated rewrite for nodes whose op is one of `op_classes` (`Op`: any)."""
 
     def register(rule: Rewrite) -> Rewrite:
         for cls in op_classes:
@@ -67,3 +68,8 @@ def single_use(graph: Graph, node_id: int) -> bool:
         return False
     consumers = graph.consumers(node_id)
     return len(consumers) == 1 and graph[consumers[0]].inputs.count(node_id) == 1
+
+
+def rewrites_for(op: Op) -> list[Rewrite]:
+    """The rewrites to try on a node with `op`: those of its class, then those for every op."""
+    return REWRITES.get(type(op), []) + REWRITES.get(Op, [])
