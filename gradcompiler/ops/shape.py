@@ -73,6 +73,13 @@ class AddAxis(Op):
             shape.insert(p, 1)
         return TensorType(tuple(shape), x.dtype)
 
+    def inserted_positions(self, ndim: int) -> tuple[int, ...]:
+        """Where the new axes sit in the output: replay the insertions on `ndim` old axes."""
+        is_new = [False] * ndim
+        for p in self.axes:
+            is_new.insert(p, True)
+        return tuple(i for i, new in enumerate(is_new) if new)
+
     def reference(self, x):
         return x.reshape(self.infer(TensorType(x.shape, x.dtype)).shape)
 

@@ -46,8 +46,10 @@ def reduce_to_rule(node, g, needs_grad):
 
 @grad_rule(AddAxis)
 def add_axis_rule(node, g, needs_grad):
-    # removing the highest position first keeps the lower ones valid (exact)
-    return _only_first(needs_grad, lambda: apply(RemoveAxis(tuple(sorted(node.op.axes, reverse=True))), g))
+    # remove the new axes at their output positions (the list may be in any order, op-reference
+    # §4.2); removing the highest position first keeps the lower ones valid (exact)
+    positions = node.op.inserted_positions(node.input_types[0].ndim)
+    return _only_first(needs_grad, lambda: apply(RemoveAxis(tuple(sorted(positions, reverse=True))), g))
 
 
 @grad_rule(RemoveAxis)
