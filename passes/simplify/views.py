@@ -40,11 +40,12 @@ def identity_transpose(graph: Graph, node: Node, ctx: PassContext) -> int | None
 
 @rewrite(Reshape)
 def reshape_of_reshape(graph: Graph, node: Node, ctx: PassContext) -> int | None:
-    """Reshape(Reshape|AddAxis|RemoveAxis(x)) → Reshape(x) (or x itself)."""
-    inner = graph[node.inputs[0]]
-    if not isinstance(inner.op, RESHAPE_LIKE):
+    """Reshape of a chain of Reshape|AddAxis|RemoveAxis of x → Reshape(x) (or x itself)."""
+    x = node.inputs[0]
+    while isinstance(graph[x].op, RESHAPE_LIKE):
+        x = graph[x].inputs[0]
+    if x == node.inputs[0]:
         return None
-    x = inner.inputs[0]
     if graph[x].type.shape == node.type.shape:
         return x
     return add_like(graph, node, Reshape(node.type.shape), (x,))
