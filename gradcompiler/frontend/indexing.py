@@ -13,7 +13,9 @@ arrays for the placement of the index block.
 Every mistake is a build-time error that names the op and the user's line:
 a float index, too many indices, an integer out of range, a mask of the
 wrong shape, or a bool Tensor mask (its result shape would depend on the
-data, which a static graph cannot have).
+data, which a static graph cannot have). An out-of-range value in a
+constant index array is an error even where numpy lets it pass because the
+broadcast index block is empty (`x[[9], []]`): such a key is a mistake.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ..ops.indexing import (
     normalize_slice,
 )
 from ..ops.shape import AddAxis
-from .shapes import broadcast_to, expand_dims, reshape, squeeze
+from .shapes import broadcast_to, expand_dims, reshape, squeeze, transpose
 from .tensor import Tensor, apply, constant, to_operands
 
 __all__ = ["indexing_one_hot", "indexing_set_one_hot", "index_update", "index_add"]
@@ -63,28 +65,57 @@ _ADD = _OpNames("SetSubtensor", "IndexingIncrMultiAxisVec")
 
 @dataclass
 class _Region:
-    """A resolved key: the tensor indexed (after new axes), its items and index tensors."""
+    """A resolved key: the tensor indexed (after new axes), its items and index tensors.
+
+    `block_first` marks the one case where numpy's placement differs from
+    the op's: index arrays on consecutive axes but separated in the key by
+    an ellipsis that stands for no axis (`x[:, 0, ..., [1, 2]]` on a 3-d x).
+    numpy then calls them non-consecutive and puts the index block first,
+    so the region is transposed into numpy's order.
+    """
 
     x: Tensor
     items: tuple
     index_tensors: list[Tensor]
+    block_first: bool = False
 
     @property
     def advanced(self) -> bool:
         return bool(self.index_tensors)
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The shape `gather` would have, found without adding a node."""
+    def op_shape(self) -> tuple[int, ...]:
+        """The shape of the op's result, found without adding a node."""
         if self.advanced:
             types = [t.type for t in self.index_tensors]
             return IndexingMultiAxisVec(self.items).infer(self.x.type, *types).shape
         return Subtensor(self.items).infer(self.x.type).shape
 
+    def numpy_order(self) -> tuple[int, ...] | None:
+        """The permutation from the op's result to numpy's, or None if they agree."""
+        if not self.block_first:
+            return None
+        ndim = len(self.op_shape())
+        first = next(item.axis for item in self.items if isinstance(item, TensorItem))
+        block = ndim - (self.x.ndim - len(self.index_tensors))
+        return (*range(first, first + block), *range(first), *range(first + block, ndim))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The region's shape in numpy's order."""
+        shape, perm = self.op_shape(), self.numpy_order()
+        return shape if perm is None else tuple(shape[p] for p in perm)
+
     def gather(self) -> Tensor:
-        if self.advanced:
-            return apply(IndexingMultiAxisVec(self.items), self.x, *self.index_tensors)
-        return apply(Subtensor(self.items), self.x) if self.items else self.x
+        if not self.advanced:
+            return apply(Subtensor(self.items), self.x) if self.items else self.x
+        y = apply(IndexingMultiAxisVec(self.items), self.x, *self.index_tensors)
+        perm = self.numpy_order()
+        return y if perm is None else transpose(y, perm)
+
+    def to_op_order(self, value: Tensor) -> Tensor:
+        """A value laid out in numpy's order, laid out in the op's."""
+        perm = self.numpy_order()
+        return value if perm is None else transpose(value, tuple(np.argsort(perm)))
 
 
 def _is_array_key(entry: Any) -> bool:
@@ -171,16 +202,24 @@ class _KeyResolver:
         return "array", array
 
     # -- pass 2: one entry per axis ------------------------------------------------
-    def per_axis(self) -> tuple[list[tuple[str, Any]], list[int]]:
-        """Entries laid over the axes of x with its new axes inserted, and where those new axes go."""
+    def per_axis(self) -> tuple[list[tuple[str, Any]], list[int], bool]:
+        """Entries laid over the axes of x with its new axes inserted, where those new axes go,
+        and whether an ellipsis standing for no axis separates advanced entries (see `_Region`).
+        """
         classified = [self.classify(e) for e in self.entries]
-        if sum(kind == "ellipsis" for kind, _ in classified) > 1:
+        kinds = [kind for kind, _ in classified]
+        if kinds.count("ellipsis") > 1:
             raise self.error(ShapeError, "an index can only have a single ellipsis ('...')")
         consumed = sum(v.ndim if k == "mask" else k not in ("new", "ellipsis") for k, v in classified)
         shape = self.x.shape
         if consumed > len(shape):
             raise self.error(ShapeError, f"too many indices: {consumed} given for a tensor of shape {shape} "
                                          f"(rank {len(shape)})")
+        arrays = ("array", "mask", "tensor")
+        has_arrays = any(k in arrays for k in kinds)
+        advanced_at = [i for i, k in enumerate(kinds) if k in arrays or (k == "int" and has_arrays)]
+        split = consumed == len(shape) and "ellipsis" in kinds and bool(advanced_at) and (
+            advanced_at[0] < kinds.index("ellipsis") < advanced_at[-1])
         axes: list[tuple[str, Any]] = []
         new_axes: list[int] = []
         source_axis = 0
@@ -203,10 +242,10 @@ class _KeyResolver:
                 axes.append((kind, value))
                 source_axis += 1
         axes += [("full", None)] * (len(shape) - source_axis)
-        return axes, new_axes
+        return axes, new_axes, split
 
     def resolve(self) -> _Region:
-        axes, new_axes = self.per_axis()
+        axes, new_axes, split = self.per_axis()
         x = apply(AddAxis(tuple(new_axes)), self.x) if new_axes else self.x
         advanced = any(kind in ("array", "tensor") for kind, _ in axes)
         items, index_tensors = [], []
@@ -223,7 +262,9 @@ class _KeyResolver:
             elif kind == "tensor":
                 index_tensors.append(value)
                 items.append(TensorItem(axis))
-        return _Region(x, tuple(items), index_tensors)
+        indexed = [item.axis for item in items if isinstance(item, TensorItem)]
+        consecutive = indexed == list(range(indexed[0], indexed[0] + len(indexed))) if indexed else False
+        return _Region(x, tuple(items), index_tensors, block_first=split and consecutive)
 
     def wrapped(self, index: np.ndarray, axis: int, shape: tuple[int, ...]) -> np.ndarray:
         """Negative values wrapped once; anything still outside [0, shape[axis]) is an error.
@@ -275,7 +316,7 @@ def index_update(x: Tensor, key: Any, value: Any) -> Tensor:
     region = resolver.resolve()
     value = _fit_value(region, value, resolver.label)
     if region.advanced:
-        return apply(IndexingSetMultiAxisVec(region.items), x, value, *region.index_tensors)
+        return apply(IndexingSetMultiAxisVec(region.items), x, region.to_op_order(value), *region.index_tensors)
     return apply(SetSubtensor(region.items), x, value)
 
 
@@ -285,7 +326,7 @@ def index_add(x: Tensor, key: Any, value: Any) -> Tensor:
     region = resolver.resolve()
     value = _fit_value(region, value, resolver.label)
     if region.advanced:
-        return apply(IndexingIncrMultiAxisVec(region.items), x, value, *region.index_tensors)
+        return apply(IndexingIncrMultiAxisVec(region.items), x, region.to_op_order(value), *region.index_tensors)
     if not region.items:
         return x + value
     # a basic region never repeats a position, so add-then-set is exact

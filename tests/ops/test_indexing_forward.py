@@ -116,6 +116,8 @@ ADVANCED_KEYS = [
     np.s_[MASK, 2],
     np.s_[:, MASK[0]],
     np.s_[MASK[:, :1].ravel(), ..., [0, 0]],
+    np.s_[:, 0, ..., [1, 2]],                # an ellipsis standing for no axis still splits the block
+    np.s_[:, [[0], [1]], ..., [1, 2, 3]],
 ]
 
 
@@ -130,7 +132,7 @@ def test_advanced_indexing_matches_numpy(key, dtype, graph, rng):
     assert y.shape == expected.shape == got.shape
     assert got.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(got, expected)
-    assert _op_of(y) == "IndexingMultiAxisVec"
+    assert _op_of(y) in ("IndexingMultiAxisVec", "Transpose")  # Transpose: only after an empty ellipsis
 
 
 def test_numpy_placement_rule_shapes(graph):
@@ -141,6 +143,24 @@ def test_numpy_placement_rule_shapes(graph):
     assert x[0, :, [1, 2]].shape == (2, b)
     assert x[[0, 1], :, [[1], [2], [3]]].shape == (3, 2, b)
     assert x[:, :, [[1, 2]]].shape == (a, b, 1, 2)
+    x4 = gc.input("x4", (2, 3, 4, 5))
+    assert x4[:, [0, 1], :, [1, 2]].shape == (2, 2, 4)      # not consecutive: the block goes first
+    assert x4[:, [0, 1], [1, 2]].shape == (2, 2, 5)         # consecutive: it stays at axis 1
+    assert x4[1:, 0, 1:, [[1], [2]]].shape == (2, 1, 1, 3)  # an int counts as an index array
+
+
+FOUR_D_KEYS = [np.s_[:, [0, 1, 2], :, [1, 2, 3]], np.s_[:, [0, 2], 1, 1:4], np.s_[1:, 0, ::-1, [[1], [4]]],
+               np.s_[..., [0, 0], :, [3]], np.s_[None, :, [2, 1], None, 2:, [0, -1]]]
+
+
+@pytest.mark.parametrize("key", FOUR_D_KEYS, ids=repr)
+def test_placement_in_four_dims_matches_numpy(key, graph, rng):
+    values = rng.standard_normal((2, 3, 4, 5))
+    x = gc.input("x", values.shape, "float64")
+    y = x[key]
+    expected = values[key]
+    assert y.shape == expected.shape
+    np.testing.assert_array_equal(gc.evaluate(y, x=values), expected)
 
 
 @pytest.mark.parametrize("index_dtype", ["int32", "int64"])
@@ -199,21 +219,23 @@ def test_equal_regions_give_equal_ops(graph):
     assert x[::-2].node.op == Subtensor((SliceItem(0, 3, -2, 2),))
 
 
-keys_3d = st.lists(
+RANDOM_SHAPE = (2, 3, 4, 5)
+random_keys = st.lists(
     st.one_of(
-        st.integers(-4, 3),
+        st.integers(-5, 4),
         st.builds(slice, st.none() | st.integers(-7, 7), st.none() | st.integers(-7, 7),
                   st.none() | st.sampled_from([-3, -2, -1, 1, 2, 3])),
-        st.lists(st.integers(-4, 3), min_size=0, max_size=3),
-        st.none(),
+        st.lists(st.integers(-5, 4), min_size=1, max_size=3),  # empty lists: tested above, and see
+        st.none(),                                              # test_out_of_range_int_is_a_shape_error
     ),
-    max_size=3,
+    max_size=4,
 )
 
 
-@given(entries=keys_3d, ellipsis_at=st.integers(0, 3))
+@given(entries=random_keys, ellipsis_at=st.integers(0, 5))
 def test_random_keys_match_numpy(entries, ellipsis_at):
-    values = np.arange(4 * 4 * 4, dtype=np.float64).reshape(4, 4, 4)
+    """Any key numpy accepts gives numpy's values; any key numpy rejects is a ShapeError."""
+    values = np.arange(np.prod(RANDOM_SHAPE), dtype=np.float64).reshape(RANDOM_SHAPE)
     entries = list(entries)
     if ellipsis_at < len(entries):
         entries.insert(ellipsis_at, Ellipsis)
@@ -222,8 +244,8 @@ def test_random_keys_match_numpy(entries, ellipsis_at):
         x = gc.input("x", values.shape, "float64")
         try:
             expected = values[key]
-        except IndexError:  # index arrays that do not broadcast: both reject the key
-            with pytest.raises(ShapeError, match="do not broadcast"):
+        except IndexError:  # out of range, too many indices, arrays that do not broadcast
+            with pytest.raises(ShapeError):
                 x[key]
             return
         y = x[key]
@@ -233,10 +255,32 @@ def test_random_keys_match_numpy(entries, ellipsis_at):
     np.testing.assert_array_equal(got, expected)
 
 
+@given(entries=random_keys, ellipsis_at=st.integers(0, 5))
+def test_random_keys_index_add_matches_add_at(entries, ellipsis_at):
+    values = np.arange(np.prod(RANDOM_SHAPE), dtype=np.float64).reshape(RANDOM_SHAPE)
+    entries = [e for e in entries if e is not None]
+    if ellipsis_at < len(entries):
+        entries.insert(ellipsis_at, Ellipsis)
+    key = tuple(np.asarray(e, dtype=np.int64) if isinstance(e, list) else e for e in entries)
+    try:
+        region = values[key]
+    except IndexError:
+        return
+    update = np.arange(region.size, dtype=np.float64).reshape(region.shape) * 1000.0
+    expected = values.copy()
+    np.add.at(expected, key, update)
+    with gc.Graph("random_add") as g:
+        x = gc.input("x", values.shape, "float64")
+        v = gc.input("v", region.shape, "float64")
+        y = gc.index_add(x, key, v)
+    gc.verify(g)
+    np.testing.assert_array_equal(gc.evaluate(y, x=values, v=update), expected)
+
+
 # -- index_update / index_add --------------------------------------------------------------
 
 UPDATE_KEYS = [np.s_[1], np.s_[::-2, 1:4], np.s_[..., -1], np.s_[:, [0, 3], 1:3], np.s_[[2, 0], :, [1, 5]],
-               np.s_[MASK], np.s_[...]]
+               np.s_[MASK], np.s_[...], np.s_[:, [[0], [3]], ..., [1, 5, 2]]]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "int32"])
@@ -397,6 +441,8 @@ def test_out_of_range_int_is_a_shape_error(graph):
     _assert_build_error(ShapeError, "IndexingMultiAxisVec", lambda: x[[0, 4]])
     _assert_build_error(ShapeError, "IndexingMultiAxisVec", lambda: x[:, [-6]])
     _assert_build_error(ShapeError, "IndexingMultiAxisVec", lambda: x[6, [0]])
+    # numpy skips the range check when the broadcast index block is empty; we do not
+    _assert_build_error(ShapeError, "IndexingMultiAxisVec", lambda: x[[9], []])
     empty = gc.input("empty", (0, 3))
     _assert_build_error(ShapeError, "IndexingMultiAxisVec", lambda: empty[[0]])
     _assert_build_error(ShapeError, "Subtensor", lambda: empty[-1])
