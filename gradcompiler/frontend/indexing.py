@@ -38,7 +38,6 @@ from ..ops.indexing import (
     IndexingSetOneHot,
     IndexItem,
     SetSubtensor,
-    SliceItem,
     Subtensor,
     TensorItem,
     normalize_slice,
@@ -245,23 +244,26 @@ class _KeyResolver:
         return axes, new_axes, split
 
     def resolve(self) -> _Region:
+        """Check every entry against the shape first, then build the nodes (AddAxis, constants)."""
         axes, new_axes, split = self.per_axis()
-        x = apply(AddAxis(tuple(new_axes)), self.x) if new_axes else self.x
+        shape = list(self.x.shape)
+        for position in new_axes:
+            shape.insert(position, 1)
+        shape = tuple(shape)
         advanced = any(kind in ("array", "tensor") for kind, _ in axes)
-        items, index_tensors = [], []
-        for axis, ((kind, value), size) in enumerate(zip(axes, x.shape)):
+        items, indices = [], []
+        for axis, (kind, value) in enumerate(axes):
             if kind == "slice":
-                item = normalize_slice(axis, value, size)
-                if not item.is_full(size):
+                item = normalize_slice(axis, value, shape[axis])
+                if not item.is_full(shape[axis]):
                     items.append(item)
             elif kind == "int" and not advanced:
-                items.append(IndexItem(axis, self.wrapped(np.asarray(value), axis, x.shape).item()))
-            elif kind in ("int", "array"):
-                index_tensors.append(self.index_constant(np.asarray(value), axis, x))
+                items.append(IndexItem(axis, self.wrapped(np.asarray(value), axis, shape).item()))
+            elif kind in ("int", "array", "tensor"):
+                indices.append(value if kind == "tensor" else self.index_array(np.asarray(value), axis, shape))
                 items.append(TensorItem(axis))
-            elif kind == "tensor":
-                index_tensors.append(value)
-                items.append(TensorItem(axis))
+        x = apply(AddAxis(tuple(new_axes)), self.x) if new_axes else self.x
+        index_tensors = [i if isinstance(i, Tensor) else constant(i, graph=x.graph) for i in indices]
         indexed = [item.axis for item in items if isinstance(item, TensorItem)]
         consecutive = indexed == list(range(indexed[0], indexed[0] + len(indexed))) if indexed else False
         return _Region(x, tuple(items), index_tensors, block_first=split and consecutive)
@@ -272,6 +274,7 @@ class _KeyResolver:
         `shape` is that of the tensor indexed, new axes (None) included.
         """
         size = shape[axis]
+        index = index.astype(np.int64)
         wrapped = np.where(index < 0, index + size, index)
         bad = (wrapped < 0) | (wrapped >= size)
         if bad.any():
@@ -280,9 +283,10 @@ class _KeyResolver:
                                          f"(indexed shape {shape})")
         return wrapped
 
-    def index_constant(self, index: np.ndarray, axis: int, x: Tensor) -> Tensor:
+    def index_array(self, index: np.ndarray, axis: int, shape: tuple[int, ...]) -> np.ndarray:
+        """A constant index array, wrapped and checked, as int32 or int64 (the index dtypes)."""
         dtype = index.dtype if index.dtype in INDEX_DTYPES else np.dtype(np.int64)
-        return constant(self.wrapped(index.astype(np.int64), axis, x.shape).astype(dtype), graph=x.graph)
+        return self.wrapped(index, axis, shape).astype(dtype)
 
 
 def getitem(x: Tensor, key: Any) -> Tensor:

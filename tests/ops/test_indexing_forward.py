@@ -431,6 +431,9 @@ def test_too_many_indices_is_a_shape_error_naming_the_shape(graph):
     _assert_build_error(ShapeError, "IndexingMultiAxisVec", lambda: x[MASK, :, 1])
     s = gc.input("s", ())
     _assert_build_error(ShapeError, "Subtensor", lambda: s[0])
+    _assert_build_error(ShapeError, "Subtensor", lambda: s[1:])
+    v = gc.input("v", (3,))
+    _assert_build_error(ShapeError, "Subtensor", lambda: v[:, ::2])
 
 
 def test_out_of_range_int_is_a_shape_error(graph):
@@ -441,6 +444,9 @@ def test_out_of_range_int_is_a_shape_error(graph):
     _assert_build_error(ShapeError, "IndexingMultiAxisVec", lambda: x[[0, 4]])
     _assert_build_error(ShapeError, "IndexingMultiAxisVec", lambda: x[:, [-6]])
     _assert_build_error(ShapeError, "IndexingMultiAxisVec", lambda: x[6, [0]])
+    before = len(graph)
+    _assert_build_error(ShapeError, "IndexingMultiAxisVec", lambda: x[None, [0], 7])
+    assert len(graph) == before  # a rejected key leaves no node behind
     # numpy skips the range check when the broadcast index block is empty; we do not
     _assert_build_error(ShapeError, "IndexingMultiAxisVec", lambda: x[[9], []])
     empty = gc.input("empty", (0, 3))

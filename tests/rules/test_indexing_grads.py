@@ -13,7 +13,7 @@ import pytest
 from helpers import backward_nodes_of, captured_values
 
 import gradcompiler as gc
-from gradcompiler.ops.indexing import IndexingMultiAxisVec, IndexingSetOneHot, IndexingOneHot
+from gradcompiler.ops.indexing import IndexingMultiAxisVec, IndexingOneHot, IndexingSetOneHot
 from gradcompiler.rules import ForwardNode, rule_of
 
 SHAPE = (4, 5, 6)
