@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import backward_nodes_of, captured_values
+from helpers import assert_grads, backward_nodes_of, captured_values
 
 import gradcompiler as gc
 from gradcompiler.ops.indexing import IndexingMultiAxisVec, IndexingOneHot, IndexingSetOneHot
@@ -125,6 +125,34 @@ def test_concat_every_input(axis, rng):
         s[axis] = k + 1
     feeds = {name: rng.standard_normal(s) for name, s in zip("abc", shapes)}
     _check(lambda a, b, c: gc.concat([a, b, c], axis), ["a", "b", "c"], **feeds)
+
+
+# -- float32: every gradient keeps its input's dtype ---------------------------------------------
+
+FLOAT32_CASES = {  # x (4, 5, 6), v (2, 6), i = [3, 3]
+    "subtensor": (lambda x, v, i: x[1:, ::-2], ["x"]),
+    "set_subtensor": (lambda x, v, i: gc.index_update(x, np.s_[0, 1:3], v), ["x", "v"]),
+    "gather": (lambda x, v, i: x[i, :, [1, 1]], ["x"]),
+    "incr": (lambda x, v, i: gc.index_add(x, (0, i), v), ["x", "v"]),
+    "set": (lambda x, v, i: gc.index_update(x, (0, i), v), ["x", "v"]),
+    "one_hot": (lambda x, v, i: gc.indexing_one_hot(x[:2, :, 0], i, axis=1), ["x"]),
+    "set_one_hot": (lambda x, v, i: gc.indexing_set_one_hot(x[:2, :, 0], i, v[:, 0]), ["x", "v"]),
+    "concat": (lambda x, v, i: gc.concat([x[0, :2], v], axis=0), ["x", "v"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FLOAT32_CASES))
+def test_float32_gradients_keep_their_dtype(case, rng):
+    build, wrt = FLOAT32_CASES[case]
+    feeds = {"x": rng.standard_normal(SHAPE).astype(np.float32),
+             "v": rng.standard_normal((2, 6)).astype(np.float32),
+             "i": np.array([3, 3], np.int32)}
+    with gc.Graph("float32") as graph:
+        placeholders = {n: gc.input(n, a.shape, a.dtype) for n, a in feeds.items()}
+        y = build(**placeholders)
+    needed = {graph[i].name for i in graph.ancestors([y.id]) if graph[i].role == "input"}
+    assert_grads(y, [placeholders[n] for n in wrt], {k: v for k, v in feeds.items() if k in needed})
+    gc.verify(graph)
 
 
 # -- second order: the rules of the backward ops ----------------------------------------------
