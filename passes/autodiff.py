@@ -2,7 +2,10 @@
 
     differentiate(graph, outputs, wrt, cotangents, disconnected) -> grads
 
-1. *Requires-grad analysis*: the float descendants of `wrt`, forward.
+1. *Requires-grad analysis*: the float nodes that depend on `wrt` through
+   differentiable ops, forward. A non-differentiable op (StopGradient) or an
+   integer value cuts the dependency, so no rule builds a gradient that
+   could only be dropped there.
 2. *Reachability*: the ancestors of `outputs`, backward. Only nodes in both
    sets ("active") are differentiated, and a rule is told, per input,
    whether that input is active (`needs_grad`); a rule builds nothing for an
@@ -26,11 +29,23 @@ from gradcompiler.errors import NotDifferentiableError, ShapeError
 from gradcompiler.frontend.sources import full, zeros
 from gradcompiler.frontend.tensor import Tensor
 from gradcompiler.ir import Graph
-from gradcompiler.rules import ForwardNode, apply_rule
+from gradcompiler.rules import ForwardNode, apply_rule, is_non_differentiable
 
 
 def _is_float(graph: Graph, node_id: int) -> bool:
     return graph[node_id].type.dtype.kind == "f"
+
+
+def _requiring_grad(graph: Graph, wrt: Sequence[int]) -> set[int]:
+    """`wrt` and the float nodes that read, through a differentiable op, a node in this set."""
+    result = set(wrt)
+    for node_id in graph.topo_order(graph.descendants(wrt)):
+        node = graph[node_id]
+        if (node_id not in result and _is_float(graph, node_id)
+                and not is_non_differentiable(type(node.op))
+                and any(i in result for i in node.inputs)):
+            result.add(node_id)
+    return result
 
 
 def _sum(contributions: list[Tensor]) -> Tensor:
@@ -56,7 +71,7 @@ def differentiate(
             raise NotDifferentiableError(
                 f"cannot differentiate with respect to %{w} ({node.name or node.op.label}) of dtype "
                 f"{node.type.dtype.name}: only float tensors have gradients", site=node.site)
-    requires_grad = {n for n in graph.descendants(wrt) if _is_float(graph, n)}
+    requires_grad = _requiring_grad(graph, wrt)
     active = requires_grad & graph.ancestors(outputs)
     contributions: dict[int, list[Tensor]] = {}
     for out, cot in zip(outputs, cotangents):
