@@ -9,7 +9,7 @@ written.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import numpy as np
 
@@ -17,11 +17,18 @@ from .errors import FeedError
 from .ir import Node
 
 
-def validate_feeds(placeholders: list[Node], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Check `feeds` against the placeholders a program needs; return contiguous arrays by name."""
+def validate_feeds(
+    placeholders: list[Node], feeds: Mapping[str, Any], ignorable: Collection[str] = ()
+) -> dict[str, np.ndarray]:
+    """Check `feeds` against the placeholders a program needs; return contiguous arrays by name.
+
+    `ignorable` names feeds of the same graph that this program does not read (a
+    gradient that does not depend on a label, say): they are accepted and ignored,
+    so one feed dict serves every output. Any other unknown name is an error.
+    """
     expected = {n.op.feed_name: n for n in placeholders}
     missing = sorted(set(expected) - set(feeds))
-    extra = sorted(set(feeds) - set(expected))
+    extra = sorted(set(feeds) - set(expected) - set(ignorable))
     if missing:
         raise FeedError(f"missing feed(s) {missing}; this program needs {sorted(expected)}")
     if extra:

@@ -19,7 +19,7 @@ def run_graph(graph: Graph, outputs: Sequence[int], feeds: Mapping[str, Any]) ->
     """Values of node ids `outputs` given `feeds` (by placeholder name)."""
     needed = graph.ancestors(outputs)
     placeholders = [graph[i] for i in sorted(needed) if isinstance(graph[i].op, Placeholder)]
-    arrays = validate_feeds(placeholders, feeds)
+    arrays = validate_feeds(placeholders, feeds, ignorable=graph.feed_names)
     values: dict[int, np.ndarray] = {}
     for node_id in graph.topo_order(needed):
         node = graph[node_id]
