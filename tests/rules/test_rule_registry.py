@@ -79,3 +79,20 @@ def test_a_rule_that_builds_a_wrongly_shaped_gradient_is_caught(monkeypatch):
         with pytest.raises(gc.ShapeError, match=r"gradient of shape \(\) for an input of shape \(3,\)"):
             gc.grad(gc.exp(x).sum(), x)
     gc.verify(g)
+
+
+def test_check_grads_catches_a_wrong_rule(monkeypatch, rng):
+    # the oracle every gradient test relies on must be able to fail: EXP's gradient off by 1%
+    generic = rule_of(Elemwise, generic=True)
+
+    def slightly_wrong(node, g, needs_grad):
+        grads = generic(node, g, needs_grad)
+        return [d * 1.01 for d in grads] if node.op.mode == "EXP" else grads
+
+    monkeypatch.setitem(registry._GENERIC, Elemwise, slightly_wrong)
+    with gc.Graph("wrong_rule") as g:
+        x = gc.input("x", (2, 3), "float64")
+        y = gc.exp(x)
+        with pytest.raises(AssertionError, match="MISMATCH"):
+            gc.check_grads(y, [x], {"x": rng.standard_normal((2, 3))})
+    gc.verify(g)
