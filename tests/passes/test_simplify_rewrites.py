@@ -404,3 +404,21 @@ def test_elemwise_rewrites_ignore_other_modes(x34):
     assert rewrites == {}
     assert ops(opt) == Counter({"Elemwise MAX": 1, "Elemwise MIN": 1, "Elemwise SUB": 1})
     np.testing.assert_array_equal(values(opt, {"x": x34})[0], np.maximum(x34, 1) - np.minimum(x34, 0))
+
+
+def test_transpose_of_a_product_swaps_its_operands(rng):
+    av, bv = rng.standard_normal((4, 3)), rng.standard_normal((4, 5))
+    with gc.Graph():
+        a = gc.input("a", (4, 3), "float64")
+        b = gc.input("b", (4, 5), "float64")
+        y = gc.exp(gc.matmul(a, b, transpose_a=True).T)
+        shared = gc.matmul(a, b, transpose_a=True)  # read twice: transposing it would compute it twice
+        z = shared.T * 2.0
+    opt, rewrites = simplified([y, z, shared])
+    assert rewrites == {"transpose_of_matmul": 1}
+    mm = [n for n in opt.nodes.values() if n.op.kind == "library"]
+    assert sorted((n.inputs, n.op.transpose_a, n.op.transpose_b) for n in mm) == [
+        ((a.id, b.id), True, False), ((b.id, a.id), True, False)]
+    got = values(opt, {"a": av, "b": bv})
+    np.testing.assert_allclose(got[0], np.exp((av.T @ bv).T))
+    np.testing.assert_allclose(got[1], (av.T @ bv).T * 2.0)
