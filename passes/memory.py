@@ -165,23 +165,27 @@ def _keeps_element_order(graph: Graph, node_id: int, root: int) -> bool:
     return True
 
 
-def _in_place_safe(graph: Graph, group: FusionGroup, value: int, out: int, root: int) -> bool:
+def _in_place_safe(graph: Graph, group: FusionGroup, value: int, out: int, root: dict[int, int]) -> bool:
     """May `out` overwrite the buffer of `value` (an input of `group` dying here)?
 
     Yes for a lone scatter's data operand (the op is "copy data, then write
     into the copy"), and in an elementwise loop whose members all have out's
     shape: element i of every member then reads element i of a full-shape
     input, and nothing reads an element after it is written. Either way the
-    input must have out's shape, itemsize and element order.
+    input must have out's shape, itemsize and element order, and so must
+    every other input that views the same buffer (a loop reading x + x.T
+    cannot overwrite x); a scatter may read the buffer only as its data.
     """
     o, v = graph[out].type, graph[value].type
-    if v.shape != o.shape or v.dtype.itemsize != o.dtype.itemsize or not _keeps_element_order(graph, value, root):
+    if v.dtype.itemsize != o.dtype.itemsize:
         return False
+    sharing = [i for i in group.inputs if root.get(i) == root[value]]
     node = graph[out]
     if group.nodes == (out,) and node.op.kind == "scatter":
-        return node.inputs[0] == value
-    return group.kind == "loop" and all(
-        graph[m].op.kind == "elementwise" and graph[m].type.shape == o.shape for m in group.nodes)
+        return sharing == [value] and node.inputs[0] == value and _keeps_element_order(graph, value, root[value])
+    return (group.kind == "loop"
+            and all(graph[i].type.shape == o.shape and _keeps_element_order(graph, i, root[value]) for i in sharing)
+            and all(graph[m].op.kind == "elementwise" and graph[m].type.shape == o.shape for m in group.nodes))
 
 
 class _Allocator:
@@ -252,7 +256,7 @@ def plan_memory(graph: Graph, plan: FusionPlan | None = None) -> MemoryPlan:
             donor = next((root[i] for i in group.inputs
                           if root.get(i) in lifetimes and lifetimes[root[i]][1] == step
                           and buffer_of[root[i]] not in inherited
-                          and _in_place_safe(graph, group, i, out, root[i])), None)
+                          and _in_place_safe(graph, group, i, out, root)), None)
             if donor is not None:
                 buffer_of[out] = buffer_of[donor]
                 inherited.add(buffer_of[out])

@@ -195,3 +195,13 @@ def test_mlp_plan_never_shares_a_buffer_between_live_values(mlp_step):
     assert plan.peak_bytes <= plan.unfused_peak_bytes
     assert plan.peak_bytes <= plan.arena_bytes
 
+
+
+def test_no_in_place_update_when_another_input_views_the_buffer_transposed():
+    with gc.Graph():
+        x = gc.input("x", (3, 3), "float64")
+        a = gc.exp(x)
+        b = a + a.T  # writing b[i, j] over a[i, j] would change a.T[j, i] before it is read
+    graph, plan = planned([b])
+    assert plan.buffers[b.id] != plan.buffers[a.id]
+    assert plan.in_place == 0
