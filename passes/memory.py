@@ -6,6 +6,8 @@ source nor a view is its own kernel (the "unfused op-by-op" program). Only
 group outputs are materialised. Views in "alias" groups need no kernel and
 no buffer: they share the buffer of the value they view (its *root*).
 Sources (feeds, constants, fills) live outside the plan and are not counted.
+Every view counts as an alias (a strided read), which is an estimate for
+views no stride can express (PixelShuffle): their reader remaps indices.
 
 * Liveness: a root's buffer is live from the step of the group that writes
   it to the last step of a group that reads it (or any alias of it); graph
@@ -14,16 +16,16 @@ Sources (feeds, constants, fills) live outside the plan and are not counted.
   input that dies in this very group when that is safe (`_in_place_safe`),
   else the smallest free buffer that fits without wasting more than half of
   it, else a new buffer. Graph outputs, live to the end, get buffers of
-  their own exact size (or a dying input's, in place). A buffer freed by a group is free for the next
-  group, never for its own outputs.
+  their own exact size (or a dying input's, in place). A buffer freed by a
+  group is free for the next group, never for its own outputs.
 * `peak_bytes` is the most memory the plan occupies at any step: the sizes
   of the buffers holding a live value then. `arena_bytes` is the sum of all
   buffer sizes, what an executor that allocates every buffer up front
   holds. `unfused_peak_bytes` is the baseline of a plain op-by-op executor:
   one buffer per value of the singleton plan, each freed right after its
-  last use, at the worst step. Reuse and in-place updates make
-  `peak_bytes` smaller than the baseline; fusion, by not materialising
-  values at all, more so.
+  last use, at the worst step. In-place updates bring `peak_bytes` below
+  the baseline where they happen at the worst step (reuse can cost up to
+  twice a value's size); fusion, by not materialising values, more so.
 * Captures are the forward values the backward pass keeps alive: forward
   nodes (not feeds or constants) with a buffer of their own that a backward
   node reads from another group. A forward value fused into a backward
