@@ -13,7 +13,7 @@ from gradcompiler.errors import GraphError
 from gradcompiler.frontend.tensor import apply
 from gradcompiler.ops.elemwise import Cast
 from gradcompiler.ops.reduce import ReduceTo
-from gradcompiler.ops.shape import AddAxis, Broadcast, FastpathCopy, RemoveAxis, Reshape, Transpose
+from gradcompiler.ops.shape import AddAxis, Broadcast, FastpathCopy, Reshape, Transpose
 from gradcompiler.ops.source import Placeholder
 from gradcompiler.reference import run_graph
 from passes.pipeline import SIMPLIFY, optimize
