@@ -46,7 +46,7 @@ def broadcast_to(x: Tensor, shape) -> Tensor:
     shape = _as_shape(shape)
     offset = len(shape) - x.ndim
     resolved = tuple(
-        (x.shape[i - offset] if 0 <= i - offset < x.ndim else 1) if d is None else int(d)
+        (x.shape[i - offset] if 0 <= i - offset < x.ndim else 1) if d is None else d
         for i, d in enumerate(shape)
     )
     return x if resolved == x.shape else apply(Broadcast(resolved), x)

@@ -63,10 +63,14 @@ def require_int(op: Op, t: TensorType, what: str = "index") -> None:
 
 
 def check_shape_tuple(op: Op, shape: Sequence[int], what: str = "shape") -> tuple[int, ...]:
+    """`shape` as a tuple of non-negative ints. Floats and bools are refused, not truncated."""
     try:
-        dims = tuple(int(d) for d in shape)
-    except (TypeError, ValueError):
-        raise ShapeError(f"{what} must be a tuple of ints, got {shape!r}", op=op.label) from None
+        items = tuple(shape)
+    except TypeError:
+        items = (shape,)
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) for d in items):
+        raise ShapeError(f"{what} must be a tuple of ints, got {shape!r}", op=op.label)
+    dims = tuple(int(d) for d in items)
     if any(d < 0 for d in dims):
         raise ShapeError(f"{what} {dims} has a negative size", op=op.label)
     return dims
