@@ -127,6 +127,19 @@ def test_negative_placeholder_shape(graph):
         gc.input("x", (2, -1))
 
 
+@pytest.mark.parametrize("make", [lambda: gc.input("x", (2, 3.5)), lambda: gc.param("w", (True, 3)),
+                                  lambda: gc.zeros((2, 2.5)), lambda: gc.full((2.0,), 1.0)],
+                         ids=["input", "param", "zeros", "full"])
+def test_non_integer_sizes_are_refused_not_truncated(make, graph):
+    with pytest.raises(ShapeError, match="must be a tuple of ints"):
+        make()
+
+
+def test_numpy_integer_sizes_are_accepted(graph):
+    assert gc.input("x", (np.int64(2), np.int32(3))).shape == (2, 3)
+    assert gc.zeros(np.int64(4)).shape == (4,)
+
+
 def test_building_without_an_open_graph():
     with pytest.raises(GraphError, match="no graph is open"):
         gc.input("x", (2,))

@@ -114,6 +114,7 @@ def test_broadcast_none_keeps_the_dim(graph, rng):
     ((2, 3), (3,), "lower-rank"),
     ((3, 1), (2, 4, 4), r"cannot broadcast \(3, 1\)"),
     ((3,), (-1, 3), "negative size"),
+    ((3,), (2.7, 3), "must be a tuple of ints"),
 ], ids=str)
 def test_broadcast_errors(shape, target, message, graph):
     x = gc.input("x", shape)
