@@ -161,6 +161,15 @@ def test_squeeze_matches_numpy(shape, axis, graph, rng):
     np.testing.assert_array_equal(gc.evaluate(y, x=values), expected)
 
 
+def test_remove_axis_op_removes_one_after_another(graph, rng):
+    values = rng.standard_normal((1, 5, 1, 7)).astype(np.float32)
+    x = gc.input("x", (1, 5, 1, 7))
+    y = gc.apply(RemoveAxis((2, 0)), x)
+    np.testing.assert_array_equal(gc.evaluate(y, x=values), values[0, :, 0, :])
+    with pytest.raises(ShapeError, match="cannot remove axis 2 of size 7"):
+        gc.apply(RemoveAxis((0, 2)), x)  # after removing 0 the shape is (5, 1, 7)
+
+
 def test_squeeze_passes_shifted_positions(graph):
     # the frontend sorts the positions p_i and passes r_i = p_i - i (op-reference §4.3)
     x = gc.input("x", (1, 5, 1, 7))

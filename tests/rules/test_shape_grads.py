@@ -68,6 +68,14 @@ def test_remove_axis(shape, axis, graph, rng):
     _check(gc.squeeze(x, axis), x, feeds)
 
 
+def test_remove_axis_in_list_order(graph, rng):
+    # each index refers to the tensor as it is at that step (op-reference §4.3)
+    x, feeds = _input(rng, (1, 5, 1, 7))
+    y = gc.apply(RemoveAxis((2, 0)), x)
+    assert y.shape == (5, 7) and y.node.op.original_positions(4) == (0, 2)
+    _check(y, x, feeds)
+
+
 def test_seed_remove_axis_defect_stays_fixed(graph, rng):
     # squeezing axes 0 and 2 of (1, 5, 1, 7) passes r = [0, 1]; the seed's rule re-inserted
     # at r and built a (1, 1, 5, 7) gradient
