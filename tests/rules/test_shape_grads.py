@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import assert_grads
 
 import gradcompiler as gc
-from gradcompiler.ops.shape import AddAxis, FastpathCopy, PixelShuffle, PixelShuffleBackward, RemoveAxis
-from helpers import assert_grads
+from gradcompiler.ops.shape import (
+    AddAxis,
+    FastpathCopy,
+    PixelShuffle,
+    PixelShuffleBackward,
+    RemoveAxis,
+)
 
 
 @pytest.fixture
