@@ -26,6 +26,18 @@ def _same_graph(tensors: Sequence[Tensor]):
     return next(iter(graphs.values()))
 
 
+def _check_matching(targets: Sequence[Tensor], given: Sequence[Tensor | None],
+                    target: str, what: str) -> None:
+    """One `what` per `target`, each of the same shape and dtype (None: skipped). Broadcasting
+    is not enough: a vector that merely broadcasts would give a silently different product."""
+    if len(given) != len(targets):
+        raise GraphError(f"{len(targets)} {target}s but {len(given)} {what}s", site=call_site())
+    for t, v in zip(targets, given):
+        if v is not None and (v.shape != t.shape or v.dtype != t.dtype):
+            raise NotDifferentiableError(
+                f"{what} {v.type} does not match {target} {t.type}", site=call_site())
+
+
 def vjp(outputs, wrt, cotangents, disconnected: str = "error"):
     """Vector-Jacobian product: d(Σ_i <cotangents_i, outputs_i>) / d(wrt).
 
@@ -35,12 +47,7 @@ def vjp(outputs, wrt, cotangents, disconnected: str = "error"):
     outs, _ = _as_list(outputs)
     wrts, single = _as_list(wrt)
     cots = [cotangents] if isinstance(cotangents, Tensor) or cotangents is None else list(cotangents)
-    if len(cots) != len(outs):
-        raise GraphError(f"{len(outs)} outputs but {len(cots)} cotangents", site=call_site())
-    for o, c in zip(outs, cots):
-        if c is not None and (c.shape != o.shape or c.dtype != o.dtype):
-            raise NotDifferentiableError(
-                f"cotangent {c.type} does not match output {o.type}", site=call_site())
+    _check_matching(outs, cots, "output", "cotangent")
     graph = _same_graph(outs + wrts + [c for c in cots if c is not None])
     ids = differentiate(graph, [o.id for o in outs], [w.id for w in wrts],
                         [c.id if c is not None else None for c in cots], disconnected)
@@ -64,6 +71,7 @@ def hvp(loss: Tensor, wrt, vectors):
     """Hessian-vector product: d(<grad(loss, wrt), vectors>) / d(wrt)."""
     wrts, single = _as_list(wrt)
     vecs, _ = _as_list(vectors)
+    _check_matching(wrts, vecs, "wrt tensor", "vector")
     grads = grad(loss, wrts)
     dot = None
     for g, v in zip(grads, vecs):
