@@ -224,3 +224,14 @@ def test_hessian_vector_product_of_a_small_mlp(graph, rng):
         numeric = (g_plus - g_minus) / (2 * eps)
         np.testing.assert_allclose(g_hv, numeric, rtol=1e-6, atol=1e-9)
     gc.check_grads(loss, params, feeds, order=2)
+
+
+def test_hvp_vectors_must_match_the_parameters(graph):
+    w, b = gc.param("w", (3, 5), "float64"), gc.param("b", (5,), "float64")
+    loss = (gc.tanh(w) * b).sum()
+    with pytest.raises(NotDifferentiableError, match=r"vector float64\[5\] does not match"):
+        gc.hvp(loss, w, gc.input("v", (5,), "float64"))  # would broadcast: a different product
+    with pytest.raises(NotDifferentiableError, match="float32"):
+        gc.hvp(loss, w, gc.input("v32", (3, 5), "float32"))
+    with pytest.raises(GraphError, match="2 wrt tensors but 1 vectors"):
+        gc.hvp(loss, [w, b], [gc.input("vw", (3, 5), "float64")])
