@@ -1,0 +1,245 @@
+"""Device-side plumbing shared by the CUDA library kernels and the generated
+kernels: launch geometry (`LaunchConfig`), moving arrays to the device,
+flat views, fills, and host/device validation of index values.
+
+Launch geometry is a parameter everywhere, never a constant in a kernel
+body, because the same kernels run on a real GPU (hundreds of threads per
+block) and on Numba's simulator, which runs every GPU thread as a Python
+thread and needs tiny blocks and grids to finish in test time. Kernels
+take the geometry as closure constants (shared-memory sizes must be
+compile-time constants), so each kernel factory is cached per config.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from numba import cuda
+
+from ...errors import FeedError, IndexOutOfRangeError
+from . import simulator_active
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Block sizes and grid caps of every kernel this backend launches.
+
+    * `block`: threads per block of the 1-D grid-stride kernels;
+    * `max_blocks`: the most blocks a grid-stride kernel is launched with
+      (the loop covers the rest);
+    * `reduce_block`: threads per block of a tree reduction (a power of two);
+    * `tile`: edge of the square shared-memory tiles of matmul
+      (`tile`² threads per block);
+    * `column_chunks`: the most partial rows of a two-stage reduction;
+    * `warp_shuffle`: finish tree reductions with warp shuffles (the
+      simulator has none; None picks by target).
+    """
+
+    block: int = 256
+    max_blocks: int = 4096
+    reduce_block: int = 256
+    tile: int = 16
+    column_chunks: int = 64
+    warp_shuffle: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("block", "max_blocks", "reduce_block", "tile", "column_chunks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"LaunchConfig.{name} must be a positive int, got {value!r}")
+        if self.reduce_block & (self.reduce_block - 1):
+            raise ValueError(f"LaunchConfig.reduce_block must be a power of two, got {self.reduce_block}")
+        if self.block > 1024 or self.reduce_block > 1024 or self.tile * self.tile > 1024:
+            raise ValueError(f"{self} asks for more than 1024 threads per block")
+
+    @property
+    def shuffle(self) -> bool:
+        """Whether tree reductions end in warp shuffles (never on the simulator)."""
+        if simulator_active(cuda):
+            return False
+        return self.reduce_block >= 64 if self.warp_shuffle is None else self.warp_shuffle
+
+    def grid(self, work: int, block: int | None = None) -> int:
+        """Blocks of a 1-D grid-stride launch over `work` items."""
+        block = block or self.block
+        return max(1, min(self.max_blocks, math.ceil(work / block)))
+
+
+SIMULATOR_CONFIG = LaunchConfig(block=16, max_blocks=4, reduce_block=8, tile=4, column_chunks=4)
+"""Tiny blocks and grids: the simulator runs each GPU thread as a Python thread."""
+
+
+def default_config() -> LaunchConfig:
+    return SIMULATOR_CONFIG if simulator_active(cuda) else LaunchConfig()
+
+
+# -- arrays ---------------------------------------------------------------------------------------
+
+def is_device_array(obj: Any) -> bool:
+    """A Numba device array (real or simulated) or any object exporting `__cuda_array_interface__`."""
+    return bool(getattr(obj, "__cuda_ndarray__", False)) or hasattr(obj, "__cuda_array_interface__")
+
+
+def to_device(value: Any, stream: Any = 0, what: str = "array") -> Any:
+    """`value` on the device: device arrays as they are (no copy), anything else copied once.
+
+    Kernels index flat views, so a device array must be C-contiguous.
+    """
+    if getattr(value, "__cuda_ndarray__", False):
+        device = value
+    elif hasattr(value, "__cuda_array_interface__"):
+        device = cuda.as_cuda_array(value)
+    else:
+        array = np.asarray(value)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        return cuda.to_device(array, stream=stream)
+    if device.size > 1 and not device.is_c_contiguous():
+        raise FeedError(f"{what} is a non-contiguous device array (strides {device.strides}); "
+                        "pass a C-contiguous one")
+    return device
+
+
+def flat(array: Any) -> Any:
+    """A 1-D view of a contiguous device array (a 0-d array becomes shape (1,))."""
+    return array if array.ndim == 1 else array.reshape(array.size if array.ndim else 1)
+
+
+def view(array: Any, shape: Sequence[int]) -> Any:
+    """`array` (contiguous) seen with `shape`, same element count, no copy."""
+    shape = tuple(int(d) for d in shape)
+    return array if tuple(array.shape) == shape else array.reshape(shape)
+
+
+def to_host(array: Any) -> np.ndarray:
+    return array.copy_to_host() if is_device_array(array) else np.asarray(array)
+
+
+def device_constant(values: Sequence[int] | np.ndarray, dtype: Any = np.int64, stream: Any = 0) -> Any:
+    """Small metadata (shapes, strides, index tables) as a device array: constants go in as arrays."""
+    array = np.ascontiguousarray(np.asarray(values, dtype=dtype).reshape(-1))
+    return cuda.to_device(array if array.size else np.zeros(1, dtype), stream=stream)
+
+
+@cuda.jit
+def _fill_kernel(out, value):
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = value
+
+
+@cuda.jit
+def _copy_kernel(src, out):
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = src[i]
+
+
+def fill(array: Any, value: Any, config: LaunchConfig, stream: Any = 0) -> None:
+    """Set every element of a contiguous device array to `value`."""
+    if array.size:
+        target = flat(array)
+        _fill_kernel[config.grid(array.size), config.block, stream](target, array.dtype.type(value))
+
+
+def copy(src: Any, out: Any, config: LaunchConfig, stream: Any = 0) -> None:
+    """Copy device array `src` into `out` (same size), device to device."""
+    if src is not out and out.size:
+        _copy_kernel[config.grid(out.size), config.block, stream](flat(src), flat(out))
+
+
+# -- index values ---------------------------------------------------------------------------------
+
+@cuda.jit(device=True)
+def offset_of(i, shape, strides):
+    """Offset of row-major position `i` of `shape` in an array with element `strides`."""
+    rest = i
+    offset = 0
+    for d in range(shape.shape[0] - 1, -1, -1):
+        offset += (rest % shape[d]) * strides[d]
+        rest //= shape[d]
+    return offset
+
+
+@cuda.jit
+def _gather_index_kernel(index, out, out_shape, index_strides, size, wrap, bad):
+    """out[i] = index at the broadcast position of i, wrapped; bad[0] counts values out of range."""
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        value = index[offset_of(i, out_shape, index_strides)]
+        if wrap and value < 0:
+            value += size
+        if value < 0 or value >= size:
+            cuda.atomic.add(bad, 0, 1)
+            value = 0
+        out[i] = value
+
+
+def _broadcast_strides(shape: tuple[int, ...], target: tuple[int, ...]) -> np.ndarray:
+    """Element strides of a row-major `shape` read at a position of `target` (0 where broadcast)."""
+    padded = (1,) * (len(target) - len(shape)) + tuple(shape)
+    strides, step = [], 1
+    for d in reversed(padded):
+        strides.append(step if d != 1 else 0)
+        step *= d
+    return np.array(strides[::-1] or [0], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """How one index tensor is read: the axis size it indexes, whether negatives wrap, and
+    how to name a bad value (`describe(value) -> message`)."""
+
+    size: int
+    wrap: bool
+    describe: Any
+
+
+def checked_indices(indices: Sequence[Any], specs: Sequence[IndexSpec], block_shape: tuple[int, ...],
+                    config: LaunchConfig, stream: Any = 0) -> Any:
+    """The index tensors broadcast to `block_shape`, wrapped, range-checked, as one int64 device
+    array of shape (len(indices), max(1, prod(block_shape))).
+
+    Host arrays are checked on the host before anything is copied; device arrays are checked by
+    a small kernel whose count of bad values is read back before the caller launches its own
+    kernel. Either way a bad value raises IndexOutOfRangeError and no kernel reads it.
+    """
+    count = int(np.prod(block_shape, dtype=np.int64))
+    if not indices or not count:
+        return cuda.device_array((len(indices), 1), np.int64, stream=stream)
+    if not any(is_device_array(i) for i in indices):
+        rows = [_checked_on_host(index, spec, block_shape) for index, spec in zip(indices, specs)]
+        return cuda.to_device(np.stack(rows), stream=stream)
+    packed = cuda.device_array((len(indices), count), np.int64, stream=stream)
+    bad = cuda.to_device(np.zeros(1, np.int64), stream=stream)
+    shape = device_constant(block_shape or (1,), stream=stream)
+    for row, (index, spec) in enumerate(zip(indices, specs)):
+        device = to_device(index, stream, "an index tensor")
+        strides = device_constant(_broadcast_strides(tuple(device.shape), block_shape), stream=stream)
+        _gather_index_kernel[config.grid(count), config.block, stream](
+            flat(device), packed[row], shape, strides, spec.size, spec.wrap, bad)
+    if int(bad.copy_to_host(stream=stream)[0]):
+        for index, spec in zip(indices, specs):  # the error path: find the value to name
+            _checked_on_host(to_host(index), spec, block_shape)
+    return packed
+
+
+def _checked_on_host(index: Any, spec: IndexSpec, block_shape: tuple[int, ...]) -> np.ndarray:
+    raw = np.broadcast_to(np.asarray(index), block_shape).reshape(-1)
+    values = raw.astype(np.int64)
+    if spec.wrap:
+        values = np.where(values < 0, values + spec.size, values)
+    bad = (values < 0) | (values >= spec.size)
+    if bad.any():
+        raise IndexOutOfRangeError(spec.describe(int(raw[bad][0])))
+    return values
+
+
+@functools.cache
+def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))

@@ -1,0 +1,197 @@
+"""Reductions on the GPU: Reduce (every mode, any axes; op-reference §3) and
+ReduceTo (§1.2), in one of two shapes chosen from the layout.
+
+* **Row** reduction, when the reduced elements of one output are (at the
+  innermost end) contiguous: one block per output row; its threads stride
+  over the row, so neighbouring threads read neighbouring elements, and
+  combine their partial results in a shared-memory tree (finished with warp
+  shuffles on a real GPU, `LaunchConfig.shuffle`). When there are too few
+  rows to fill the grid (a full reduction has one), each row is split over
+  several blocks and a second stage combines the partials.
+* **Column** (two-stage) reduction, when the innermost axis is kept, as in
+  a reduction over the leading axis: neighbouring threads own neighbouring
+  outputs, so reads stay coalesced; stage one gives each thread a chunk of
+  the reduced rows and writes (chunks, outputs) partials, stage two folds
+  the chunks.
+
+Every kernel reads the input through (shape, strides) tables of the kept
+and the reduced axes, so any set of axes works without a transpose.
+Accumulation is in the input's dtype, as the reference does it; MEAN
+divides once, at the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Sequence
+
+import numpy as np
+from numba import cuda, from_dtype
+
+from ...ir import TensorType
+from ...ops.reduce import Reduce, ReduceTo, reduce_to_axes
+from .device import LaunchConfig, device_constant, flat, offset_of, row_major_strides, to_device
+from .library import Launcher, cuda_library_kernel
+
+
+@cuda.jit(device=True)
+def _add(a, b):
+    return a + b
+
+
+@cuda.jit(device=True)
+def _multiply(a, b):
+    return a * b
+
+
+@cuda.jit(device=True)
+def _maximum(a, b):
+    """max that propagates NaN, as numpy's does."""
+    return a if a >= b or a != a else b
+
+
+@cuda.jit(device=True)
+def _minimum(a, b):
+    return a if a <= b or a != a else b
+
+
+_COMBINE = {"SUM": _add, "MEAN": _add, "SUM_SQR": _add, "PRODUCT": _multiply, "MAX": _maximum, "MIN": _minimum}
+
+
+def identity(mode: str, dtype: np.dtype) -> Any:
+    """The value every accumulator starts from."""
+    if mode == "PRODUCT":
+        return dtype.type(1)
+    if mode in ("MAX", "MIN"):
+        sign = -1 if mode == "MAX" else 1
+        if dtype.kind == "f":
+            return dtype.type(sign * np.inf)
+        info = np.iinfo(dtype)
+        return dtype.type(info.min if mode == "MAX" else info.max)
+    return dtype.type(0)
+
+
+@functools.cache
+def _kernels(mode: str, dtype: np.dtype, block: int, shuffle: bool):
+    """(row kernel, column kernel) of `mode` on `dtype` with `block` threads per row block."""
+    combine = _COMBINE[mode]
+    mean = mode == "MEAN"
+    square = mode == "SUM_SQR"
+    element = from_dtype(dtype)
+    shared_levels = 16 if shuffle else 0  # the tree stops at one warp when shuffles finish it
+
+    @cuda.jit
+    def row(x, out, kept_shape, kept_strides, red_shape, red_strides, n_red, splits, start, divisor, first,
+            last):
+        """out[s·O + o] = the s-th of `splits` slices of output o's row, tree-combined in a block."""
+        partial = cuda.shared.array(block, element)
+        t = cuda.threadIdx.x
+        n_out = out.shape[0] // splits
+        for task in range(cuda.blockIdx.x, out.shape[0], cuda.gridDim.x):
+            o = task % n_out
+            base = offset_of(o, kept_shape, kept_strides)
+            acc = start
+            for r in range((task // n_out) * block + t, n_red, splits * block):
+                v = x[base + offset_of(r, red_shape, red_strides)]
+                acc = combine(acc, v * v if square and first else v)
+            partial[t] = acc
+            cuda.syncthreads()
+            step = block // 2
+            while step > shared_levels:
+                if t < step:
+                    partial[t] = combine(partial[t], partial[t + step])
+                cuda.syncthreads()
+                step //= 2
+            if shuffle and t < 32:
+                acc = partial[t]
+                lane = 16
+                while lane > 0:
+                    acc = combine(acc, cuda.shfl_down_sync(0xFFFFFFFF, acc, lane))
+                    lane //= 2
+                if t == 0:
+                    partial[0] = acc
+            if t == 0:
+                out[task] = partial[0] / divisor if mean and last else partial[0]
+            cuda.syncthreads()
+
+    @cuda.jit
+    def column(x, out, kept_shape, kept_strides, red_shape, red_strides, n_red, chunks, start, divisor, first,
+               last):
+        """out[c·O + o] = chunk c (rows c, c + chunks, ...) of output o, one thread each."""
+        n_out = out.shape[0] // chunks
+        for task in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+            base = offset_of(task % n_out, kept_shape, kept_strides)
+            acc = start
+            for r in range(task // n_out, n_red, chunks):
+                v = x[base + offset_of(r, red_shape, red_strides)]
+                acc = combine(acc, v * v if square and first else v)
+            out[task] = acc / divisor if mean and last else acc
+
+    return row, column
+
+
+class _Reduction:
+    """A reduction of `x` over `axes` into `out`, planned once for fixed shapes."""
+
+    def __init__(self, mode: str, x: TensorType, axes: Sequence[int], config: LaunchConfig):
+        self.config = config
+        self.dtype = x.dtype
+        strides = row_major_strides(x.shape)
+        kept = [a for a in range(x.ndim) if a not in axes]
+        self.n_out = int(np.prod([x.shape[a] for a in kept], dtype=np.int64))
+        self.n_red = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+        self.kept = (device_constant([x.shape[a] for a in kept] or [1]),
+                     device_constant([strides[a] for a in kept] or [0]))
+        self.reduced = (device_constant([x.shape[a] for a in axes] or [1]),
+                        device_constant([strides[a] for a in axes] or [0]))
+        self.start = identity(mode, x.dtype)
+        self.divisor = x.dtype.type(max(self.n_red, 1) if mode != "MEAN" else self.n_red)
+        self.row, self.column = _kernels(mode, x.dtype, config.reduce_block, config.shuffle)
+        self.column_layout = bool(kept) and kept[-1] == x.ndim - 1 and self.n_red > 1
+        self.parts = self._parts()
+        if self.parts > 1:
+            # stage two folds the (parts, outputs) partials along their leading axis
+            self.partials = ((device_constant([self.n_out]), device_constant([1])),
+                             (device_constant([self.parts]), device_constant([self.n_out])))
+
+    def _parts(self) -> int:
+        """Chunks (column layout) or splits (row layout) of each output's reduced elements."""
+        if self.column_layout:
+            return max(1, min(self.config.column_chunks, self.n_red))
+        rows_per_block = math.ceil(self.n_red / self.config.reduce_block)
+        return max(1, min(rows_per_block, self.config.max_blocks // max(self.n_out, 1)))
+
+    def __call__(self, x: Any, *, out: Any, stream: Any = 0) -> None:
+        if not self.n_out:
+            return
+        x = flat(to_device(x, stream))
+        target = flat(out)
+        single = self.parts == 1
+        stage_out = target if single else cuda.device_array(self.parts * self.n_out, self.dtype, stream=stream)
+        config = self.config
+        if self.column_layout:
+            self.column[config.grid(self.parts * self.n_out), config.block, stream](
+                x, stage_out, *self.kept, *self.reduced, self.n_red, self.parts, self.start, self.divisor,
+                True, single)
+        else:
+            blocks = max(1, min(config.max_blocks, self.parts * self.n_out))
+            self.row[blocks, config.reduce_block, stream](
+                x, stage_out, *self.kept, *self.reduced, self.n_red, self.parts, self.start, self.divisor,
+                True, single)
+        if not single:
+            kept, reduced = self.partials
+            self.column[config.grid(self.n_out), config.block, stream](
+                stage_out, target, *kept, *reduced, self.parts, 1, self.start, self.divisor, False, True)
+
+
+@cuda_library_kernel.register
+def _reduce(op: Reduce, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
+    x = input_types[0]
+    return _Reduction(op.mode, x, op.reduced_axes(x.ndim), config)
+
+
+@cuda_library_kernel.register
+def _reduce_to(op: ReduceTo, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
+    x = input_types[0]
+    return _Reduction("SUM", x, reduce_to_axes(x.shape, op.shape), config)
