@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
+from .bench import suite as bench_suite
 from .dot import STAGES, GraphvizMissingWarning, is_executable, to_dot
 from .errors import GradCompilerError
 
@@ -105,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write to OUT (.dot, or .svg/.png/.pdf rendered by Graphviz); "
                           "default: print the DOT text")
     dot.set_defaults(run=run_dot)
+
+    bench = commands.add_parser(
+        "bench", help="benchmark the compiled workloads against the tools users would pick instead",
+        description="Run the benchmark suite of docs/benchmarks.md and write its results.")
+    bench_suite.add_arguments(bench)
+    bench.set_defaults(run=bench_suite.run_from_args)
     return parser
 
 

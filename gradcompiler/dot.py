@@ -213,8 +213,7 @@ def _add_fusion_groups(pydot, clusters, graph: Graph, plan, ids: set[int], outpu
 
 def _captures(executable: Any) -> dict[int, int]:
     """Captured node id → bytes kept alive, from the executable's memory plan."""
-    memory = executable.context.memory
-    return {int(c.node): int(c.nbytes) for c in memory.captures}
+    return {int(node): int(nbytes) for node, _shape, _dtype, nbytes in executable.context.memory.captures}
 
 
 def _add_edges(pydot, dot, graph: Graph, ids: set[int], captures: dict[int, int]) -> None:
