@@ -24,5 +24,6 @@ from .reference import evaluate  # noqa: F401
 from .api import grad, hvp, vjp  # noqa: E402,F401
 from .gradcheck import check_grads  # noqa: E402,F401
 from .dot import to_dot  # noqa: E402,F401
+from .compile import cache_info, clear_cache, compile  # noqa: E402,F401,A004
 
 __version__ = "0.1.0"

@@ -1,0 +1,149 @@
+"""The Numba CPU backend: a Kernel IR `Program` becomes compiled kernels and a driver.
+
+    build(program, options) -> CpuBuild
+
+Each distinct `LoopKernel` is generated once (`codegen`), written to the
+module cache (`cache`) and compiled eagerly for its one signature (flat,
+C-contiguous arrays; inputs read-only, which also accepts writable
+arrays); compilation is then switched off for that dispatcher, so a call
+can never trigger a surprise compile. Library steps call the routines of
+`library`. `runtime` allocates buffers and generates the driver.
+
+Small kernels run serially: below PARALLEL_MIN_POINTS domain points, waking
+threads costs more than it saves (and a serial kernel compiles faster).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numba
+import numpy as np
+from numba import types
+
+from ...kernel import KernelStep, LibraryStep, LoopKernel, Program
+from . import cache
+from .codegen import KernelSource, generate
+from .runtime import BoundKernel, Runner
+
+PARALLEL_MIN_POINTS = 1 << 15
+"""Smallest iteration domain (points) a kernel is parallelised over."""
+
+CONSERVATIVE_FASTMATH = frozenset({"contract"})
+"""Default flags: fused multiply-add only, which cannot turn a finite result into inf or NaN."""
+
+FAST_FASTMATH = frozenset({"contract", "reassoc", "arcp", "nsz", "afn"})
+"""`fastmath=True`: every LLVM fast-math flag except nnan and ninf (mathfuncs selects on NaN)."""
+
+
+def fastmath_flags(fastmath: bool | Sequence[str]) -> frozenset[str]:
+    """The LLVM flags of a `compile(..., fastmath=...)` argument."""
+    if fastmath is True:
+        return FAST_FASTMATH
+    if fastmath is False or fastmath is None:
+        return CONSERVATIVE_FASTMATH
+    return frozenset(fastmath)
+
+
+@dataclass
+class CompiledKernel:
+    """One distinct kernel: its module, dispatcher and how it was obtained."""
+
+    module: str
+    source: KernelSource
+    function: Callable
+    compile_seconds: float
+    from_cache: bool
+
+
+@dataclass
+class BuildOptions:
+    fastmath: frozenset[str] = CONSERVATIVE_FASTMATH
+    debug: bool = False
+    parallel_min_points: int = PARALLEL_MIN_POINTS
+    arena_sizes: Sequence[int] | None = None
+    step_labels: Sequence[str] = ()
+
+
+@dataclass
+class CpuBuild:
+    runner: Runner
+    step_kernels: list[CompiledKernel]  # one per KernelStep, in program order
+    distinct: list[CompiledKernel] = field(default_factory=list)
+
+    def sources(self) -> str:
+        parts = [f"# ---- {k.module}\n{k.source.source}" for k in self.distinct]
+        parts.append(f"# ---- driver\n{self.runner.source}")
+        return "\n".join(parts)
+
+
+_COMPILED: dict[tuple[LoopKernel, bool, frozenset], CompiledKernel] = {}
+
+
+def _array_type(dtype: np.dtype, readonly: bool):
+    return types.Array(numba.from_dtype(np.dtype(dtype)), 1, "C", readonly=readonly)
+
+
+def _signature(kernel: LoopKernel, source: KernelSource) -> tuple:
+    params = [_array_type(p.dtype, p.role == "in") for p in kernel.params]
+    scratch = [_array_type(dtype, False) for dtype, _ in source.scratch]
+    return tuple(params + scratch + [types.intp])
+
+
+def compile_kernel(kernel: LoopKernel, parallel: bool, fastmath: frozenset[str]) -> CompiledKernel:
+    """The compiled kernel of `kernel`, compiling (or loading from Numba's cache) at most once."""
+    key = (kernel, parallel, fastmath)
+    if key in _COMPILED:
+        return _COMPILED[key]
+    source = generate(kernel, parallel, fastmath)
+    start = time.perf_counter()
+    module = cache.load_module(source.source)
+    dispatcher = module.kernel
+    signature = _signature(kernel, source)
+    if not dispatcher.signatures:
+        dispatcher.compile(signature)
+        cache.record_compile(dispatcher, signature)
+        dispatcher.disable_compile()
+    from_cache = bool(dispatcher.stats.cache_hits.get(signature))
+    compiled = CompiledKernel(module.__name__, source, dispatcher, time.perf_counter() - start, from_cache)
+    _COMPILED[key] = compiled
+    return compiled
+
+
+def library_call(op) -> Callable:
+    """The routine of a library op: `call(*inputs, out)` on shaped arrays."""
+    try:
+        from .library import library_kernel
+    except ImportError:
+        return _reference_call(op)
+    return library_kernel(op)
+
+
+def _reference_call(op) -> Callable:
+    """The op's numpy reference, writing into `out` (until the library routines land)."""
+
+    def call(*arrays):
+        *inputs, out = arrays
+        np.copyto(out, op.reference(*inputs))
+
+    return call
+
+
+def build(program: Program, options: BuildOptions) -> CpuBuild:
+    """Compile every kernel of `program` and set up its runtime."""
+    threads = numba.get_num_threads()
+    bound, step_kernels, library = [], [], {}
+    for s, step in enumerate(program.steps):
+        if isinstance(step, KernelStep):
+            parallel = step.kernel.size >= options.parallel_min_points and len(step.kernel.domain) > 0
+            compiled = compile_kernel(step.kernel, parallel, options.fastmath)
+            step_kernels.append(compiled)
+            bound.append(BoundKernel(compiled.function, compiled.source.scratch, threads if parallel else 1))
+        else:
+            assert isinstance(step, LibraryStep)
+            library[s] = library_call(step.op)
+    runner = Runner(program, bound, library, options.arena_sizes, options.step_labels, options.debug)
+    distinct = list({id(k): k for k in step_kernels}.values())
+    return CpuBuild(runner, step_kernels, distinct)

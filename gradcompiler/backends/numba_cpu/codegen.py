@@ -1,0 +1,344 @@
+"""Numba source for one `LoopKernel`.
+
+    generate(kernel, parallel, fastmath) -> KernelSource
+
+One `@njit(parallel=..., cache=True)` function `kernel(p0, p1, ..., nchunks)`
+per distinct kernel; `p<k>` are the kernel's parameters (flat arrays), then
+the per-thread scratch arrays this file asks for (`KernelSource.scratch`),
+then the number of chunks.
+
+Loop structure (what makes it fast):
+
+* `for c in prange(nchunks)` splits axis 0 into one contiguous chunk per
+  thread; inside, `for i0 in range(lo, hi)` and, per phase, the loops over
+  the inner axes, the innermost over the contiguous last axis.
+* Every instruction is emitted at the outermost loop level its indices
+  allow (loads of a bias row hoist out of the inner loop; constants out of
+  the kernel loop altogether), so the innermost body is just the work.
+* Reductions never race and never stop vectorisation:
+  - over the innermost axis: values go to a per-thread row buffer in the
+    loop, and `rowreduce.<mode>_row` reduces the row after it;
+  - over outer axes only: a register opened before the outermost reduced
+    loop that has only reduced loops inside it, else a read-modify-write
+    of the target (a column sum adds a whole row into a per-thread row of
+    partials, which vectorises);
+  - over axis 0 (column sums, the loss): each thread accumulates into its
+    own partials (`q<r>`, nchunks × kept size), combined after the prange.
+* Selects are conditional expressions, literals are typed, float32 stays
+  float32 (`scalar_ops`). No array is allocated inside a kernel.
+
+Identifiers are sanitised (`p3`, `v17`, `i1`); numbers in the source are
+`repr` of ints and floats computed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...cones import domain_index
+from ...index_expr import Index, ravel
+from ...kernel import Compute, Load, LoopKernel, Reduction, RowValue
+from .scalar_ops import literal, scalar_expr
+
+_INIT = {"SUM": 0, "PRODUCT": 1}
+_COMBINE = {
+    "SUM": "{a} + {b}",
+    "PRODUCT": "{a} * {b}",
+    "MAX": "{b} if {b} > {a} else {a}",
+    "MIN": "{b} if {b} < {a} else {a}",
+}
+_ROW_HELPER = {"SUM": "sum_row", "PRODUCT": "product_row", "MAX": "max_row", "MIN": "min_row"}
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """Generated module text; `scratch` lists (dtype, size per chunk) of the extra arrays."""
+
+    source: str
+    scratch: tuple[tuple[np.dtype, int], ...]
+    parallel: bool
+
+
+def init_value(mode: str, dtype: np.dtype) -> str:
+    dtype = np.dtype(dtype)
+    if mode in _INIT:
+        return literal(_INIT[mode], dtype)
+    if dtype.kind == "f":
+        return literal(-np.inf if mode == "MAX" else np.inf, dtype)
+    info = np.iinfo(dtype)
+    return literal(info.min if mode == "MAX" else info.max, dtype)
+
+
+@dataclass
+class _ReductionPlan:
+    """Where reduction `index` accumulates (see the module docstring)."""
+
+    index: int
+    red: Reduction
+    dtype: np.dtype
+    phase: int
+    helper: bool  # innermost axis reduced through a row buffer
+    value_level: int  # level at which the (partial) value is available
+    register_level: int | None  # loop level the register spans from, or None
+    combine: bool  # the target is read-modified-written (needs an init)
+    cross: bool  # reduces over axis 0 (per-thread partials)
+    kept: tuple[int, ...]
+
+    @property
+    def write_level(self) -> int:
+        return self.register_level - 1 if self.register_level is not None else self.value_level
+
+
+def _plan_reduction(index: int, red: Reduction, dtype, phase: int, rank: int) -> _ReductionPlan:
+    axes = set(red.axes)
+    helper = rank >= 2 and rank - 1 in axes
+    level = rank - 2 if helper else rank - 1
+    remaining = axes - {rank - 1} if helper else axes
+    start = level + 1
+    while start - 1 >= 0 and start - 1 in remaining:
+        start -= 1
+    register = start if start <= level else None
+    scope = register if register is not None else level + 1
+    combine = any(a < scope for a in remaining)
+    kept = tuple(k for k in range(rank) if k not in axes)
+    return _ReductionPlan(index, red, np.dtype(dtype), phase, helper, level, register, combine, 0 in axes, kept)
+
+
+class _Writer:
+    def __init__(self, kernel: LoopKernel, parallel: bool, fastmath):
+        self.kernel = kernel
+        self.parallel = parallel
+        self.fastmath = fastmath
+        self.rank = len(kernel.domain)
+        self.names = [f"i{k}" for k in range(self.rank)]
+        self.lines: list[str] = []
+        self.calls: set[str] = set()
+        self.helpers: set[str] = set()
+        self.scratch: list[tuple[np.dtype, int]] = []
+        self.scratch_names: list[str] = []
+        self.level: dict[int, int] = {}
+        self.dtype: dict[int, np.dtype] = {}
+        self.plans: list[_ReductionPlan] = []
+        for p, phase in enumerate(kernel.phases):
+            for red in phase.reductions:
+                dtype = next(i.dtype for i in phase.instrs if i.var == red.var)
+                plan = _plan_reduction(len(self.plans), red, dtype, p, self.rank)
+                self.plans.append(plan)
+                if plan.helper:
+                    self._add_scratch(f"w{plan.index}", plan.dtype, kernel.domain[-1])
+                if plan.cross:
+                    self._add_scratch(f"q{plan.index}", plan.dtype, self._kept_size(plan))
+        for phase in kernel.phases:
+            for instr in phase.instrs:
+                self.level[instr.var] = self._instr_level(instr)
+                self.dtype[instr.var] = instr.dtype
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _add_scratch(self, name: str, dtype, size: int) -> None:
+        self.scratch.append((np.dtype(dtype), int(size)))
+        self.scratch_names.append(name)
+
+    def _kept_size(self, plan: _ReductionPlan) -> int:
+        return int(np.prod([self.kernel.domain[k] for k in plan.kept], dtype=np.int64))
+
+    def _instr_level(self, instr) -> int:
+        expr = instr.expr
+        if isinstance(expr, Load):
+            level = max(expr.index.axes(), default=-1)
+            return max(level, 0) if self.kernel.params[expr.param].role != "in" else level
+        if isinstance(expr, RowValue):
+            return 0
+        return max((self.level[a] for a in expr.args), default=-1)
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("    " * depth + text)
+
+    def _param_at(self, param: int, index: Index) -> str:
+        spec = self.kernel.params[param]
+        flat = index.render(self.names)
+        if spec.role == "row":
+            return f"p{param}[c * {spec.size} + {flat}]"
+        return f"p{param}[{flat}]"
+
+    def _instr(self, depth: int, instr) -> None:
+        expr = instr.expr
+        if isinstance(expr, Load):
+            text = self._param_at(expr.param, expr.index)
+        elif isinstance(expr, RowValue):
+            text = f"r{expr.reduction}"
+        else:
+            assert isinstance(expr, Compute)
+            args = [f"v{a}" for a in expr.args]
+            built = scalar_expr(expr.op, args, instr.dtype, [self.dtype[a] for a in expr.args])
+            self.calls.update(built.calls)
+            text = built.text
+        self.emit(depth, f"v{instr.var} = {text}")
+
+    # -- reductions --------------------------------------------------------------------------------
+    def _kept_flat(self, plan: _ReductionPlan, axes) -> str:
+        index = domain_index(self.kernel.domain)
+        return ravel([index[k] for k in axes], [self.kernel.domain[k] for k in axes]).render(self.names)
+
+    def _target(self, plan: _ReductionPlan) -> str:
+        if plan.cross:
+            return f"q{plan.index}[c * {self._kept_size(plan)} + {self._kept_flat(plan, plan.kept)}]"
+        spec = self.kernel.params[plan.red.param]
+        if spec.role == "row":
+            inner = tuple(k for k in plan.kept if k != 0)
+            return f"p{plan.red.param}[c * {spec.size} + {self._kept_flat(plan, inner)}]"
+        return f"p{plan.red.param}[{self._kept_flat(plan, plan.kept)}]"
+
+    def _finalised(self, plan: _ReductionPlan, value: str) -> str:
+        if plan.red.divisor is None:
+            return value
+        return f"{value} / {literal(plan.red.divisor, plan.dtype)}"
+
+    def _write(self, depth: int, plan: _ReductionPlan, value: str) -> None:
+        """Put a (partial) reduced value where the reduction accumulates."""
+        combine = _COMBINE[plan.red.mode]
+        if plan.cross:
+            target = self._target(plan)
+            self.emit(depth, f"{target} = {combine.format(a=target, b=value) if plan.combine else value}")
+            return
+        if plan.combine:
+            target = self._target(plan)
+            self.emit(depth, f"{target} = {combine.format(a=target, b=value)}")
+            return
+        self.emit(depth, f"r{plan.index} = {self._finalised(plan, value)}")
+        if plan.red.param is not None:
+            self.emit(depth, f"{self._target(plan)} = r{plan.index}")
+
+    def _update(self, depth: int, plan: _ReductionPlan, value: str) -> None:
+        if plan.register_level is not None:
+            self.emit(depth, f"a{plan.index} = {_COMBINE[plan.red.mode].format(a=f'a{plan.index}', b=value)}")
+        else:
+            self._write(depth, plan, value)
+
+    def _row_slice_loop(self, depth: int, plan: _ReductionPlan, body: str) -> None:
+        """`body` over the row-`i0` slice of a row-local target, as `{t}` = the element."""
+        spec = self.kernel.params[plan.red.param]
+        inner = tuple(k for k in plan.kept if k != 0)
+        size = int(np.prod([self.kernel.domain[k] for k in inner], dtype=np.int64))
+        base = f"c * {spec.size}" if spec.role == "row" else f"i0 * {size}"
+        element = f"p{plan.red.param}[{base} + t{plan.index}]"
+        self.emit(depth, f"for t{plan.index} in range({size}):")
+        self.emit(depth + 1, body.format(t=element))
+
+    # -- loop nest ---------------------------------------------------------------------------------
+    def _phase_level(self, depth: int, p: int, level: int) -> None:
+        phase = self.kernel.phases[p]
+        for instr in phase.instrs:
+            if self.level[instr.var] == level:
+                self._instr(depth, instr)
+        mine = [plan for plan in self.plans if plan.phase == p]
+        if level == 0:
+            for plan in mine:
+                if plan.combine and not plan.cross:
+                    self._row_slice_loop(depth, plan, "{t} = " + init_value(plan.red.mode, plan.dtype))
+        for plan in mine:
+            if plan.register_level == level + 1:
+                self.emit(depth, f"a{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
+        if level < self.rank - 1:
+            inner = level + 1
+            self.emit(depth, f"for i{inner} in range({self.kernel.domain[inner]}):")
+            self._phase_level(depth + 1, p, inner)
+            for plan in mine:
+                if plan.helper and plan.value_level == level:
+                    w = self.kernel.domain[-1]
+                    helper = _ROW_HELPER[plan.red.mode]
+                    self.helpers.add(helper)
+                    init = init_value(plan.red.mode, plan.dtype)
+                    self.emit(depth, f"s{plan.index} = {helper}(w{plan.index}, c * {w}, {w}, {init})")
+                    self._update(depth, plan, f"s{plan.index}")
+            for plan in mine:
+                if plan.register_level == level + 1:
+                    self._write(depth, plan, f"a{plan.index}")
+        else:
+            for store in phase.stores:
+                index = domain_index(self.kernel.domain)
+                spec = self.kernel.params[store.param]
+                flat = ravel(index[1:], self.kernel.domain[1:]) if spec.role == "row" else ravel(
+                    index, self.kernel.domain)
+                self.emit(depth, f"{self._param_at(store.param, flat)} = v{store.var}")
+            for plan in mine:
+                value = f"v{plan.red.var}"
+                if plan.helper:
+                    self.emit(depth, f"w{plan.index}[c * {self.kernel.domain[-1]} + i{self.rank - 1}] = {value}")
+                else:
+                    self._update(depth, plan, value)
+        if level == 0:
+            for plan in mine:
+                if plan.combine and not plan.cross and plan.red.divisor is not None:
+                    self._row_slice_loop(depth, plan, "{t} = " + self._finalised(plan, "{t}"))
+
+    def _chunked(self) -> None:
+        n0 = self.kernel.domain[0]
+        loop = "prange" if self.parallel else "range"
+        self.emit(1, f"for c in {loop}(nchunks):")
+        self.emit(2, f"lo = c * {n0} // nchunks")
+        self.emit(2, f"hi = (c + 1) * {n0} // nchunks")
+        for plan in self.plans:
+            if plan.cross and plan.combine:
+                size = self._kept_size(plan)
+                self.emit(2, f"for t{plan.index} in range({size}):")
+                self.emit(3, f"q{plan.index}[c * {size} + t{plan.index}] = {init_value(plan.red.mode, plan.dtype)}")
+            if plan.register_level == 0:
+                self.emit(2, f"a{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
+        self.emit(2, "for i0 in range(lo, hi):")
+        for p in range(len(self.kernel.phases)):
+            self._phase_level(3, p, 0)
+        for plan in self.plans:
+            if plan.register_level == 0:
+                self._write(2, plan, f"a{plan.index}")
+        for plan in self.plans:
+            if plan.cross:
+                self._combine_partials(plan)
+
+    def _combine_partials(self, plan: _ReductionPlan) -> None:
+        size, r = self._kept_size(plan), plan.index
+        combine = _COMBINE[plan.red.mode].format(a=f"b{r}", b=f"q{r}[cc * {size} + t{r}]")
+        self.emit(1, f"for t{r} in range({size}):")
+        self.emit(2, f"b{r} = q{r}[t{r}]")
+        self.emit(2, "for cc in range(1, nchunks):")
+        self.emit(3, f"b{r} = {combine}")
+        self.emit(2, f"p{plan.red.param}[t{r}] = {self._finalised(plan, f'b{r}')}")
+
+    def _scalar_kernel(self) -> None:
+        """A rank-0 domain: straight-line code."""
+        (phase,) = self.kernel.phases
+        for store in phase.stores:
+            self.emit(1, f"p{store.param}[0] = v{store.var}")
+        for red in phase.reductions:
+            plan = self.plans[[pl.red for pl in self.plans].index(red)]
+            self.emit(1, f"p{red.param}[0] = {self._finalised(plan, f'v{red.var}')}")
+
+    def source(self) -> KernelSource:
+        params = [f"p{k}" for k in range(len(self.kernel.params))] + self.scratch_names + ["nchunks"]
+        body_start = len(self.lines)
+        for phase in self.kernel.phases:
+            for instr in phase.instrs:
+                if self.level[instr.var] == -1:
+                    self._instr(1, instr)
+        if self.rank == 0:
+            self._scalar_kernel()
+        else:
+            self._chunked()
+        self.emit(1, "return None")
+        body = self.lines[body_start:]
+        header = ["import numpy as np", "from numba import njit, prange"]
+        if self.calls:
+            header.append(f"from gradcompiler.backends.numba_cpu.mathfuncs import {', '.join(sorted(self.calls))}")
+        if self.helpers:
+            header.append(f"from gradcompiler.backends.numba_cpu.rowreduce import {', '.join(sorted(self.helpers))}")
+        flags = "False" if not self.fastmath else repr(sorted(self.fastmath)).replace("[", "{").replace("]", "}")
+        decorator = (f"@njit(parallel={self.parallel}, cache=True, nogil=True, error_model='numpy', "
+                     f"boundscheck=False, fastmath={flags})")
+        text = "\n".join(header + ["", "", decorator, f"def kernel({', '.join(params)}):"] + body) + "\n"
+        return KernelSource(text, tuple(self.scratch), self.parallel)
+
+
+def generate(kernel: LoopKernel, parallel: bool, fastmath: frozenset[str] = frozenset()) -> KernelSource:
+    """The module source of `kernel` (module docstring)."""
+    return _Writer(kernel, parallel and len(kernel.domain) > 0, fastmath).source()

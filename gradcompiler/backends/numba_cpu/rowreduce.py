@@ -1,0 +1,53 @@
+"""Row reductions for generated kernels: `<mode>_row(buf, start, n, init)`.
+
+Why they exist: a reduction accumulated in a register inside a kernel's
+innermost loop is a chain of dependent float additions, which LLVM may not
+reorder (and so cannot vectorise) without the `reassoc` fast-math flag, and
+one such chain keeps the whole loop body scalar. Kernels are compiled
+without `reassoc` (it would also let LLVM reorder the carefully ordered
+scaling in `mathfuncs`), so a kernel stores the values of an innermost
+reduction to a per-thread row buffer, in a loop that vectorises, and
+reduces the row with these functions, compiled with `reassoc` in their own
+scope. Summation order then differs from a sequential sum by the usual
+rounding, never by overflow: only additions are reassociated.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+_REASSOCIATE = {"reassoc", "contract"}
+
+
+@njit(cache=True, nogil=True, fastmath=_REASSOCIATE)
+def sum_row(buf, start, n, init):
+    acc = init
+    for t in range(n):
+        acc += buf[start + t]
+    return acc
+
+
+@njit(cache=True, nogil=True, fastmath=_REASSOCIATE)
+def product_row(buf, start, n, init):
+    acc = init
+    for t in range(n):
+        acc *= buf[start + t]
+    return acc
+
+
+@njit(cache=True, nogil=True)
+def max_row(buf, start, n, init):
+    acc = init
+    for t in range(n):
+        value = buf[start + t]
+        acc = value if value > acc else acc
+    return acc
+
+
+@njit(cache=True, nogil=True)
+def min_row(buf, start, n, init):
+    acc = init
+    for t in range(n):
+        value = buf[start + t]
+        acc = value if value < acc else acc
+    return acc

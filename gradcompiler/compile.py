@@ -1,0 +1,247 @@
+"""`gc.compile`: passes, lowering and code generation, and the `Executable` it returns.
+
+    step = gc.compile(outputs, target="cpu")
+    values = step(**feeds)            # fresh arrays
+    step(out=[...], **feeds)          # written into the caller's arrays
+    print(step.report()); step.source()
+
+The pipeline (`passes.pipeline.optimize`, with `fuse` and `memory`) runs
+on a copy of the graph; `passes.lower` turns the optimised graph and its
+fusion plan into a Kernel IR program; the backend generates, caches and
+compiles it. The Executable keeps every stage for inspection: `.graph`
+(optimised), `.plan` (fusion), `.context` (pass stats, memory plan),
+`.program` (Kernel IR), `.kernels` (one `KernelInfo` per step).
+
+An Executable owns its buffers, so one instance must not be called from two
+threads at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from passes.fuse import run as fuse_pass
+from passes.lower import lower
+from passes.pipeline import DEFAULT_PIPELINE, Pass, format_stats, optimize, run_pass
+from passes.memory import run as memory_pass
+
+from .backends import require_target
+from .errors import FeedError, GraphError
+from .feeds import validate_feeds
+from .frontend.tensor import Tensor
+from .ir import Graph, Node, call_site
+from .kernel import KernelStep, LibraryStep, Program
+from .ops.linalg import BatchedMatrixMul, MatrixMul
+from .ops.source import Placeholder
+
+
+@dataclass
+class KernelInfo:
+    """One step of the program, as the report shows it."""
+
+    name: str
+    kind: str  # loop | library
+    space: tuple[int, ...]  # iteration domain (loop) or output shape (library)
+    ops: list[str]  # the fused ops, in order
+    bytes_moved: int
+    flops: int
+    module: str = ""  # generated module of a loop kernel (shared by equal kernels)
+    parallel: bool = False
+    compile_seconds: float = 0.0
+    from_cache: bool = False
+
+
+def _describe(node: Node) -> str:
+    name = f" '{node.name}'" if node.name else ""
+    return f"%{node.id}{name} {node.op.label} at {node.site}"
+
+
+def _step_label(graph: Graph, step) -> str:
+    """Kernel name and the forward op each output comes from (for NonFiniteError)."""
+    nodes = [graph[n] for n in (step.nodes if isinstance(step, KernelStep) else (step.node,))]
+    forward = []
+    for node in nodes:
+        origin = graph[node.origin] if node.origin is not None and node.origin in graph else None
+        forward.append(_describe(origin) + " (backward)" if origin is not None and node.role == "backward"
+                       else _describe(node))
+    return f"kernel {step.name}, computing {'; '.join(dict.fromkeys(forward[-3:]))}"
+
+
+def _library_flops(graph: Graph, step: LibraryStep) -> int:
+    op, out = step.op, graph[step.node].type
+    if isinstance(op, (MatrixMul, BatchedMatrixMul)):
+        a = graph[graph[step.node].inputs[0]].type
+        k = a.shape[-2] if op.transpose_a else a.shape[-1]
+        return 2 * out.size * k
+    return 0
+
+
+def _kernel_infos(graph: Graph, program: Program, compiled) -> list[KernelInfo]:
+    infos, compiled_at = [], iter(compiled)
+    for step in program.steps:
+        if isinstance(step, KernelStep):
+            c = next(compiled_at)
+            infos.append(KernelInfo(step.name, "loop", step.kernel.domain,
+                                    [graph[n].op.label for n in step.nodes], step.kernel.bytes_moved(),
+                                    step.kernel.flops(), c.module, c.source.parallel, c.compile_seconds,
+                                    c.from_cache))
+        else:
+            buffers = [program.buffers[b] for b in (*step.inputs, step.output)]
+            infos.append(KernelInfo(step.name, "library", graph[step.node].type.shape, [step.op.label],
+                                    sum(b.nbytes for b in buffers), _library_flops(graph, step)))
+    return infos
+
+
+FUSE = Pass("fuse", fuse_pass)
+
+
+def _with_fuse(passes, extra_passes) -> list:
+    """`extra_passes`, then fuse, unless the chosen pipeline fuses already (it runs before memory)."""
+    chosen = DEFAULT_PIPELINE if passes is None else list(passes)
+    names = [getattr(p, "name", None) or getattr(p, "__name__", "") for p in [*chosen, *extra_passes]]
+    return [*extra_passes] if FUSE.name in names else [*extra_passes, FUSE]
+
+
+def _ensure_planned(graph: Graph, ctx) -> None:
+    """Run fuse and memory if the chosen passes left no plan, or a memory plan of another grouping."""
+    if ctx.fusion is None:
+        run_pass(FUSE, graph, ctx)
+    if ctx.memory is None or ctx.memory.order != ctx.fusion.groups:
+        run_pass(Pass("memory", memory_pass), graph, ctx)
+
+
+class Executable:
+    """A compiled step: call it with feeds by name (module docstring)."""
+
+    def __init__(self, graph: Graph, source_graph: Graph, context, program: Program, build_result,
+                 single: bool, timings: dict[str, float]):
+        self.graph = graph
+        self.context = context
+        self.plan = context.fusion
+        self.memory = context.memory
+        self.program = program
+        self.kernels = _kernel_infos(graph, program, build_result.step_kernels)
+        self.timings = timings
+        self._build = build_result
+        self._runner = build_result.runner
+        self._single = single
+        self._placeholders = [n for n in graph.nodes.values() if isinstance(n.op, Placeholder)]
+        self._feed_names = set(source_graph.feed_names)
+
+    def __call__(self, out: Sequence[np.ndarray] | np.ndarray | None = None, **feeds: Any):
+        arrays = validate_feeds(self._placeholders, feeds, ignorable=self._feed_names)
+        self._runner.run(arrays)
+        values = [self._runner.output(b, arrays) for b in self.program.outputs]
+        if out is None:
+            results = [v.copy() for v in values]
+        else:
+            results = self._write_out(out, values)
+        return results[0] if self._single else results
+
+    def _write_out(self, out, values: list[np.ndarray]) -> list[np.ndarray]:
+        targets = [out] if isinstance(out, np.ndarray) else list(out)
+        if len(targets) != len(values):
+            raise FeedError(f"out= has {len(targets)} array(s), this step has {len(values)} output(s)")
+        for k, (target, value) in enumerate(zip(targets, values)):
+            if not isinstance(target, np.ndarray) or target.shape != value.shape or target.dtype != value.dtype:
+                got = f"{target.dtype.name}{list(target.shape)}" if isinstance(target, np.ndarray) else type(target).__name__
+                raise FeedError(f"out[{k}] is {got}, expected {value.dtype.name}{list(value.shape)}")
+            if not target.flags.writeable:
+                raise FeedError(f"out[{k}] is read-only")
+        for target, value in zip(targets, values):
+            np.copyto(target, value)
+        return targets
+
+    def source(self) -> str:
+        """Every generated module of this executable: the distinct kernels, then the driver."""
+        return self._build.sources()
+
+    def report(self) -> str:
+        """What the compiler did: passes, kernels, captures, memory, compile times, cache."""
+        lines = ["passes:", *("  " + line for line in format_stats(self.context).splitlines())]
+        distinct = len({k.module for k in self.kernels if k.kind == "loop"})
+        lines.append(f"kernels: {len(self.kernels)} steps, {distinct} distinct compiled loop kernels")
+        for k in self.kernels:
+            where = f"{k.module} {'parallel' if k.parallel else 'serial'}" if k.kind == "loop" else "library"
+            ops = ", ".join(k.ops[:6]) + (f", … ({len(k.ops)} ops)" if len(k.ops) > 6 else "")
+            lines.append(f"  {k.name:<18} {k.kind:<7} {list(k.space)!s:<16} {_size(k.bytes_moved)} moved, "
+                         f"{k.flops / 1e6:.2f} MFLOP  [{where}]  {ops}")
+        if self.memory is not None:
+            lines.append(f"memory: peak {_size(self.memory.peak_bytes)} "
+                         f"(unfused {_size(self.memory.unfused_peak_bytes)}), arena {_size(self.memory.arena_bytes)}")
+            lines.append(f"captures: {len(self.memory.captures)} ({_size(self.memory.capture_bytes)})")
+            for node_id, shape, dtype, nbytes in self.memory.captures:
+                lines.append(f"  %{node_id} {self.graph[node_id].op.label} {np.dtype(dtype).name}{list(shape)} "
+                             f"{_size(nbytes)}")
+        compiled = [k for k in self.kernels if k.kind == "loop"]
+        loaded = sum(k.from_cache for k in {k.module: k for k in compiled}.values())
+        lines.append("compile: " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in self.timings.items())
+                     + f"; {distinct} kernels ({loaded} loaded from the Numba cache)")
+        info = cache_info()
+        lines.append("cache: " + ", ".join(f"{k}={v}" for k, v in info.items()))
+        return "\n".join(lines)
+
+
+def cache_info() -> dict:
+    """Counters of the kernel cache in this process (module and Numba hits, compiles) and its directory."""
+    from .backends.numba_cpu.cache import cache_info as info
+
+    return info()
+
+
+def clear_cache() -> None:
+    """Delete the on-disk kernel cache (`GRADCOMPILER_CACHE_DIR`) and reset its counters."""
+    from .backends.numba_cpu.cache import clear_cache as clear
+
+    clear()
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: bool = False,
+            fastmath: bool | Sequence[str] = False) -> Executable:  # noqa: A001 - the natural name
+    """Compile Tensor `outputs` (one, or a list) into an Executable for `target`.
+
+    `passes` replaces the default pipeline, `extra_passes` run before the
+    memory plan; `debug=True` verifies the graph after every pass and
+    checks every kernel's outputs for NaN/Inf (NonFiniteError naming the
+    kernel and the forward op). `fastmath`: False (default: only fused
+    multiply-add), True (every LLVM fast-math flag but nnan/ninf), or a set
+    of LLVM flag names.
+    """
+    require_target(target)
+    single = isinstance(outputs, Tensor)
+    tensors = [outputs] if single else list(outputs)
+    if not tensors or not all(isinstance(t, Tensor) for t in tensors):
+        raise GraphError("compile: outputs must be a Tensor or a non-empty list of Tensors", site=call_site())
+    graphs = {id(t.graph): t.graph for t in tensors}
+    if len(graphs) != 1:
+        raise GraphError("compile: all outputs must come from one graph", site=call_site())
+    source_graph = tensors[0].graph
+    timings = {}
+    start = time.perf_counter()
+    graph, ctx = optimize(source_graph, [t.id for t in tensors], passes=passes,
+                          extra_passes=_with_fuse(passes, extra_passes), debug=debug)
+    _ensure_planned(graph, ctx)
+    timings["passes"] = time.perf_counter() - start
+    start = time.perf_counter()
+    program = lower(graph, ctx.fusion, ctx.memory)
+    timings["lowering"] = time.perf_counter() - start
+    from .backends.numba_cpu import BuildOptions, build, fastmath_flags  # imports Numba: only when compiling
+
+    start = time.perf_counter()
+    labels = [_step_label(graph, step) for step in program.steps]
+    options = BuildOptions(fastmath=fastmath_flags(fastmath), debug=debug,
+                           arena_sizes=ctx.memory.buffer_sizes if ctx.memory else None, step_labels=labels)
+    result = build(program, options)
+    timings["codegen+numba"] = time.perf_counter() - start
+    return Executable(graph, source_graph, ctx, program, result, single, timings)

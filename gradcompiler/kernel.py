@@ -1,0 +1,222 @@
+"""The Kernel IR: what a backend generates code from.
+
+A compiled step is a `Program`: flat buffers and an ordered list of steps.
+A step is either a `LoopKernel` run on some buffers (`KernelStep`) or a
+named library call (`LibraryStep`: matmul, gathers, scatters, warps, ...).
+The IR is target-neutral: the CPU backend writes Numba `prange` loops from
+it, the CUDA backend writes grid-stride kernels from the same objects.
+
+A `LoopKernel` is one fused loop nest:
+
+* `domain`: the iteration space, a shape; loop index `i_k` runs over axis k.
+* `params`: its buffers (`BufferParam`: role, dtype, size). Every buffer
+  is flat and contiguous. `in` buffers are read through an `Index`
+  expression of the loop indices (broadcasting, view remaps); `out`
+  buffers are stored or reduced into; `row` buffers are per-thread scratch
+  rows holding a value that a later phase reads back (one row of it: the
+  index excludes axis 0), so it never goes to main memory.
+* `phases`: one or more passes over the inner axes, run one after another
+  for each index of axis 0. A phase holds an SSA list of instructions
+  (`Load`, `Compute`, `RowValue`) and what it produces: `Store`s of full
+  domain values and `Reduction`s over a subset of the domain axes. A later
+  phase may read what an earlier phase produced for the same `i0` (a row
+  mean, then the variance around it, then the normalised row): that is how
+  a whole layer norm, forward and backward, is one pass over memory.
+  Reductions over axis 0 (column sums, the loss) are combined across
+  threads after the loop and cannot be read by a later phase.
+
+A `LoopKernel` holds no node id, no name and no buffer identity: it is pure
+structure (ops, dtypes, shapes, index maps). Two layers that do the same
+thing lower to equal kernels, and the backends compile each distinct kernel
+once; `KernelStep` binds a kernel to the program's buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .index_expr import Index
+from .ir import Op
+
+REDUCTION_MODES = ("SUM", "PRODUCT", "MAX", "MIN")
+
+
+PARAM_ROLES = ("in", "out", "row")
+
+
+@dataclass(frozen=True)
+class BufferParam:
+    """A flat, contiguous array parameter of a kernel (`row`: the size of one row)."""
+
+    role: str
+    dtype: np.dtype
+    size: int
+
+
+@dataclass(frozen=True)
+class Load:
+    """Read parameter `param` at flat offset `index` (within the row for a `row` param)."""
+
+    param: int
+    index: Index
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Apply an elementwise op (Elemwise, Where, Cast) to earlier variables."""
+
+    op: Op
+    args: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RowValue:
+    """The value, for the current `i0`, of reduction `reduction` of an earlier phase.
+
+    Only for reductions over every axis but 0 (one scalar per row).
+    """
+
+    reduction: int
+
+
+@dataclass(frozen=True)
+class Instr:
+    var: int
+    expr: Load | Compute | RowValue
+    dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class Store:
+    """Store `var` at every domain point into parameter `param` (`out`: whole domain, `row`: the row)."""
+
+    param: int
+    var: int
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """Combine `var` over domain `axes` into parameter `param` (kept axes, row-major).
+
+    `mode` is one of REDUCTION_MODES; `divisor`, when set, divides the result
+    (MEAN is a SUM with a divisor). `param` is None for a row reduction only
+    later phases read (it lives in a register).
+    """
+
+    param: int | None
+    var: int
+    mode: str
+    axes: tuple[int, ...]
+    divisor: int | None = None
+
+    def crosses_rows(self) -> bool:
+        """Whether the reduction runs over axis 0 (so threads must combine partials)."""
+        return 0 in self.axes
+
+
+@dataclass(frozen=True)
+class Phase:
+    instrs: tuple[Instr, ...]
+    stores: tuple[Store, ...] = ()
+    reductions: tuple[Reduction, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoopKernel:
+    domain: tuple[int, ...]
+    params: tuple[BufferParam, ...]
+    phases: tuple[Phase, ...]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.domain, dtype=np.int64))
+
+    def reductions(self) -> list[Reduction]:
+        return [r for phase in self.phases for r in phase.reductions]
+
+    def flops(self) -> int:
+        """Scalar operations per run: one per Compute and per reduction step, per domain point."""
+        per_point = sum(
+            sum(isinstance(i.expr, Compute) for i in p.instrs) + len(p.reductions) for p in self.phases
+        )
+        return per_point * self.size
+
+    def bytes_moved(self) -> int:
+        """Bytes read and written once each (the memory traffic floor of this kernel)."""
+        return sum(b.size * b.dtype.itemsize for b in self.params if b.role != "row")
+
+
+# -- programs --------------------------------------------------------------------------
+
+
+@dataclass
+class BufferSpec:
+    """One flat buffer of a program.
+
+    `role`: feed (a placeholder, provided per call), const (a constant,
+    provided once), temp (written by a step), alias (a view of `alias_of`).
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    role: str
+    node: int | None = None  # the graph node whose value it holds
+    feed_name: str | None = None
+    value: np.ndarray | None = field(default=None, repr=False)
+    alias_of: int | None = None
+    storage: int | None = None  # the memory plan's buffer, shared with values whose lives do not overlap
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class KernelStep:
+    """Run `kernel` with `args[k]` the program buffer of parameter k (None for `row` scratch)."""
+
+    name: str
+    kernel: LoopKernel
+    args: tuple[int | None, ...]
+    nodes: tuple[int, ...]  # the graph nodes it evaluates (fused ops), for reports
+    group: str = ""
+
+    @property
+    def outputs(self) -> tuple[int, ...]:
+        return tuple(b for b, p in zip(self.args, self.kernel.params) if p.role == "out")
+
+
+@dataclass
+class LibraryStep:
+    """Call the library kernel of `op` on buffers `inputs`, writing buffer `output`."""
+
+    name: str
+    op: Op
+    inputs: tuple[int, ...]
+    output: int
+    node: int
+    group: str = ""
+
+
+Step = KernelStep | LibraryStep
+
+
+@dataclass
+class Program:
+    buffers: list[BufferSpec]
+    steps: list[Step]
+    outputs: list[int]  # buffer of each requested output
+
+    def kernels(self) -> list[LoopKernel]:
+        """Distinct loop kernels, in first-use order."""
+        seen: dict[LoopKernel, None] = {}
+        for step in self.steps:
+            if isinstance(step, KernelStep):
+                seen.setdefault(step.kernel, None)
+        return list(seen)

@@ -1,0 +1,410 @@
+"""`fuse`: group the graph's nodes into kernels, the `FusionPlan` in `ctx.fusion`.
+
+Memory traffic, not arithmetic, bounds most of a training step, so the plan
+materialises as few values as it can and reads each buffer as few times as
+it can.
+
+What is materialised (the *roots*, each stored or reduced by one kernel):
+graph outputs; reductions; outputs and operands of library ops (matmul,
+gathers, scatters, warps, concat); and elementwise values that several
+roots share and that are expensive to recompute (below). Everything else
+is evaluated where it is used: an elementwise op in registers, a view
+(reshape, broadcast, transpose, slice, add/remove axis, pixel shuffle) as an
+index map of the loop that reads it. So a broadcast is never copied: every
+loop that reads it reads the small buffer through a stride-0 index.
+
+Recompute or materialise: an elementwise value used by two or more roots
+is recomputed in each of them unless its cost (the weights of the ops that
+would be recomputed: 1 for arithmetic, 4 for division and square roots, 8
+for transcendentals) exceeds RECOMPUTE_LIMIT. Recomputing costs ALU work;
+materialising costs a store and a load of the whole value, which for a
+memory-bound step is the dearer of the two until a transcendental or two
+is involved.
+
+How roots share loops (`FusedLoop`): roots are visited in topological
+order; a root joins an earlier loop over the same iteration domain (the
+shape it is computed over; a reduction's domain is its input's shape) when
+that loop reads a buffer it reads too, or produces a value it needs, and
+joining creates no cycle between kernels. A loop runs in *phases*, one
+after another for each index `i0` of the outermost axis. A root that needs
+a value the same loop produced joins a later phase, if it reads that value
+only in row `i0` (a row mean, a normalised row) and the value is not a
+reduction over axis 0. So one loop can produce full-shape values, row
+reductions and column reductions together (bcast_reduce's forward and
+backward is one pass over x), and a layer norm's statistics, output and
+gradients are one pass over memory.
+
+An elementwise loop that reads a library output (matmul + bias + relu) in
+place runs right after the library call, as its epilogue (`FusedLibrary`).
+
+Every node belongs to exactly one group, as the memory pass requires: a
+value recomputed by several loops is listed in the first of them, and each
+loop's `computes` lists everything it evaluates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import networkx as nx
+
+from gradcompiler.cones import ConeWalker, domain_index, domain_of, is_row_local, node_class
+from gradcompiler.ir import Graph, Node
+from gradcompiler.ops.elemwise import Elemwise
+from gradcompiler.ops.source import Constant
+from gradcompiler.view_maps import MultiIndex, is_contiguous_view
+
+from .groups import FusionGroup, FusionPlan
+
+if TYPE_CHECKING:
+    from .pipeline import PassContext
+
+RECOMPUTE_LIMIT = 8
+"""Largest recompute cost (see the module docstring) of a shared value that is not materialised."""
+
+_TRANSCENDENTAL = {"EXP", "LOG", "LOG1P", "EXPM1", "TANH", "SIGMOID", "ERF", "GELU", "GELU_GRAD",
+                   "SOFTPLUS", "SOFTPLUS_GRAD", "POW", "SIN", "COS"}
+_DIVISION_LIKE = {"TRUE_DIV", "SQRT", "RSQRT"}
+
+
+@dataclass(frozen=True)
+class FusedLoop(FusionGroup):
+    """A loop kernel: `roots` (outputs and values used only inside) with their phases."""
+
+    domain: tuple[int, ...] = ()
+    roots: tuple[int, ...] = ()
+    phases: tuple[int, ...] = ()
+    computes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class FusedLibrary(FusionGroup):
+    """A library call, optionally followed by a loop that updates its output in place."""
+
+    call: int = -1
+    epilogue: FusedLoop | None = None
+
+
+def op_weight(node: Node) -> int:
+    """What recomputing `node` once costs (views: nothing, they are index arithmetic)."""
+    if node.op.kind in ("view", "source"):
+        return 0
+    if isinstance(node.op, Elemwise):
+        if node.op.mode in _TRANSCENDENTAL:
+            return 8
+        if node.op.mode in _DIVISION_LIKE:
+            return 4
+    return 1
+
+
+class _ConeReads(ConeWalker[None]):
+    """Collects what a root's cone reads (and where) and which nodes it evaluates."""
+
+    def __init__(self, graph: Graph, extents, materialised: set[int]):
+        super().__init__(graph, extents, materialised.__contains__)
+        self.reads: dict[int, set[MultiIndex]] = {}
+        self.computes: set[int] = set()
+        self.scalars: set[int] = set()
+
+    def read(self, node, index):
+        self.reads.setdefault(node.id, set()).add(index)
+
+    def scalar(self, node):
+        self.scalars.add(node.id)
+
+    def compute(self, node, args):
+        self.computes.add(node.id)
+
+    def _evaluate(self, node, index):
+        if node.op.kind == "view":
+            self.computes.add(node.id)
+        return super()._evaluate(node, index)
+
+
+def cone_of(graph: Graph, root: int, materialised: set[int]) -> _ConeReads:
+    walker = _ConeReads(graph, domain_of(graph, graph[root]), materialised)
+    walker.define(root)
+    walker.computes.add(root)
+    return walker
+
+
+def is_alias(graph: Graph, node_id: int, materialised: set[int]) -> bool:
+    """A materialised reshape-like view of a materialised value shares its buffer."""
+    node = graph[node_id]
+    return is_contiguous_view(node.op) and node.inputs[0] in materialised
+
+
+def mandatory_roots(graph: Graph, outputs: list[int]) -> set[int]:
+    """Values that must live in memory whatever the cost (module docstring)."""
+    materialised: set[int] = set()
+
+    def need(i: int) -> None:
+        if i in materialised:
+            return
+        materialised.add(i)
+        if is_contiguous_view(graph[i].op):
+            need(graph[i].inputs[0])
+
+    for node in graph.nodes.values():
+        cls = node_class(node)
+        if cls in ("buffer_source", "reduction"):
+            materialised.add(node.id)
+        elif cls == "library":
+            materialised.add(node.id)
+            for i in node.inputs:
+                need(i)
+    for o in outputs:
+        need(o)
+    return materialised
+
+
+def _loop_roots(graph: Graph, materialised: set[int]) -> list[int]:
+    return [n for n in graph.topo_order() if n in materialised
+            and node_class(graph[n]) not in ("buffer_source", "library")
+            and not is_alias(graph, n, materialised)]
+
+
+def materialise_shared(graph: Graph, materialised: set[int]) -> None:
+    """Add every shared elementwise value whose recompute cost exceeds RECOMPUTE_LIMIT.
+
+    One value at a time, the latest in topological order first, since
+    materialising it changes what the others' cones contain.
+    """
+    position = {n: k for k, n in enumerate(graph.topo_order())}
+    while True:
+        users: dict[int, int] = {}
+        for root in _loop_roots(graph, materialised):
+            for n in cone_of(graph, root, materialised).computes - {root}:
+                users[n] = users.get(n, 0) + 1
+        cost: dict[int, int] = {}
+        for n in position:
+            node = graph[n]
+            cost[n] = op_weight(node) + sum(cost.get(i, 0) for i in node.inputs if i not in materialised)
+        shared = [n for n, count in users.items()
+                  if count >= 2 and graph[n].op.kind == "elementwise" and cost[n] > RECOMPUTE_LIMIT]
+        if not shared:
+            return
+        materialised.add(max(shared, key=position.__getitem__))
+
+
+@dataclass
+class _Group:
+    kind: str  # source, loop, library, alias
+    domain: tuple[int, ...] = ()
+    roots: list[int] = field(default_factory=list)
+    phase: dict[int, int] = field(default_factory=dict)
+    reads: dict[int, set[MultiIndex]] = field(default_factory=dict)  # external values read, where
+    computes: set[int] = field(default_factory=set)
+    scalars: set[int] = field(default_factory=set)
+    epilogue: "_Group | None" = None
+
+
+class _Planner:
+    """Builds the groups root by root, keeping the kernel dependency graph acyclic."""
+
+    def __init__(self, graph: Graph, materialised: set[int]):
+        self.graph = graph
+        self.materialised = materialised
+        self.groups: list[_Group] = []
+        self.producer: dict[int, int] = {}  # materialised node -> group index
+        self.dag = nx.DiGraph()
+
+    def _new(self, group: _Group, deps) -> int:
+        index = len(self.groups)
+        self.groups.append(group)
+        self.dag.add_node(index)
+        for d in deps:
+            if d in self.producer and self.producer[d] != index:
+                self.dag.add_edge(self.producer[d], index)
+        for r in group.roots:
+            self.producer[r] = index
+        return index
+
+    def add(self, node_id: int) -> None:
+        node = self.graph[node_id]
+        cls = node_class(node)
+        if node_id not in self.materialised:
+            if cls == "scalar_source":
+                self._new(_Group("source", roots=[node_id]), ())
+            return
+        if cls == "buffer_source" or isinstance(node.op, Constant):
+            self._new(_Group("source", roots=[node_id]), ())
+        elif cls == "library":
+            self._new(_Group("library", roots=[node_id], reads={i: set() for i in node.inputs},
+                             computes={node_id}), node.inputs)
+        elif is_alias(self.graph, node_id, self.materialised):
+            self._new(_Group("alias", roots=[node_id], reads={node.inputs[0]: set()}, computes={node_id}),
+                      node.inputs)
+        else:
+            self._add_root(node_id)
+
+    def _add_root(self, root: int) -> None:
+        cone = cone_of(self.graph, root, self.materialised)
+        domain = domain_of(self.graph, self.graph[root])
+        best = None
+        for index, group in enumerate(self.groups):
+            if group.kind == "loop" and group.domain == domain:
+                fit = self._fit(index, group, cone)
+                if fit is not None and (best is None or fit[1] > best[2]):
+                    best = (index, fit[0], fit[1])
+        if best is None:
+            index = self._new(_Group("loop", domain=domain), ())
+            phase = 0
+        else:
+            index, phase, _ = best
+        group = self.groups[index]
+        group.roots.append(root)
+        group.phase[root] = phase
+        group.computes |= cone.computes
+        group.scalars |= cone.scalars
+        for s in cone.scalars:
+            if self.producer.get(s, index) != index:
+                self.dag.add_edge(self.producer[s], index)
+        for d, where in cone.reads.items():
+            if d in group.phase:
+                continue
+            group.reads.setdefault(d, set()).update(where)
+            if self.producer.get(d, index) != index:
+                self.dag.add_edge(self.producer[d], index)
+        self.producer[root] = index
+
+    def _fit(self, index: int, group: _Group, cone: _ConeReads) -> tuple[int, int] | None:
+        """(phase, shared reads) if the root may join `group`, else None."""
+        phase, shared = 0, 0
+        identity = domain_index(group.domain)
+        for d, where in cone.reads.items():
+            if d in group.phase:
+                node = self.graph[d]
+                for at in where:
+                    if not is_row_local(self.graph, node, at, group.domain):
+                        return None
+                    same_phase = node_class(node) != "reduction" and at == identity
+                    phase = max(phase, group.phase[d] + (0 if same_phase else 1))
+                shared += 1
+            else:
+                producer = self.producer.get(d)
+                if producer is not None and producer != index and nx.has_path(self.dag, index, producer):
+                    return None
+                shared += d in group.reads
+        return (phase, shared) if shared else None
+
+    # -- epilogues ---------------------------------------------------------------------------
+    def attach_epilogues(self, outputs: set[int]) -> None:
+        """Merge each loop that can update a library output in place into that library group."""
+        readers: dict[int, set[int]] = {}
+        for index, group in enumerate(self.groups):
+            for d in group.reads:
+                readers.setdefault(d, set()).add(index)
+        for index, group in enumerate(self.groups):
+            if group.kind != "loop" or any(group.phase.values()):
+                continue
+            for d in group.reads:
+                lib = self.producer.get(d)
+                if lib is None or self.groups[lib].kind != "library" or self.groups[lib].epilogue:
+                    continue
+                if d in outputs or readers.get(d) != {index} or not self._in_place_target(group, d):
+                    continue
+                self.dag.remove_edge(lib, index)
+                if nx.has_path(self.dag, lib, index):
+                    self.dag.add_edge(lib, index)
+                    continue
+                self.dag = nx.contracted_nodes(self.dag, lib, index, self_loops=False)
+                self.groups[lib].epilogue = group
+                group.kind = "epilogue"
+                break
+
+    def _in_place_target(self, group: _Group, value: int) -> bool:
+        identity = domain_index(group.domain)
+        if group.reads[value] != {identity}:
+            return False
+        t = self.graph[value].type
+        return any(node_class(self.graph[r]) != "reduction" and self.graph[r].type == t for r in group.roots)
+
+    def execution_order(self) -> list[int]:
+        return list(nx.lexicographical_topological_sort(self.dag))
+
+
+def _owned(planner: _Planner, order: list[int], graph: Graph) -> dict[int, list[int]]:
+    """Group index -> the nodes it lists: its roots, and what it is first to compute."""
+    owner: dict[int, int] = {}
+    for index in order:
+        group = planner.groups[index]
+        members = list(group.roots) + ([] if group.epilogue is None else group.epilogue.roots)
+        for r in members:
+            owner.setdefault(r, index)
+    for index in order:
+        group = planner.groups[index]
+        computes = group.computes | (group.epilogue.computes if group.epilogue else set())
+        for n in computes:
+            owner.setdefault(n, index)
+    owned: dict[int, list[int]] = {}
+    for n in graph.topo_order():
+        owned.setdefault(owner[n], []).append(n)
+    return owned
+
+
+def plan_fusion(graph: Graph) -> FusionPlan:
+    """The fusion plan of `graph` for its `outputs` (module docstring)."""
+    outputs = list(graph.outputs)
+    graph.remove(set(graph.nodes) - graph.ancestors(outputs))
+    materialised = mandatory_roots(graph, outputs)
+    materialise_shared(graph, materialised)
+    planner = _Planner(graph, materialised)
+    for node_id in graph.topo_order():
+        planner.add(node_id)
+    planner.attach_epilogues(set(outputs))
+    order = planner.execution_order()
+    owned = _owned(planner, order, graph)
+    needed_outside = set(outputs).union(*(group.reads for group in planner.groups))
+    return FusionPlan([_finish(graph, planner.groups[i], f"k{step}", owned.get(i, []), needed_outside,
+                               materialised) for step, i in enumerate(order)])
+
+
+def _loop_group(graph: Graph, group: _Group, name: str, nodes, needed_outside: set[int]) -> FusedLoop:
+    roots = tuple(graph_order(graph, group.roots))
+    pure = not any(group.phase.values()) and all(
+        graph[n].op.kind == "elementwise" or node_class(graph[n]) == "scalar_source" for n in group.computes
+    ) and all(graph[n].type.shape == group.domain for n in group.computes)
+    kind = "loop" if pure else "reduce"
+    outputs = tuple(r for r in roots if r in needed_outside)
+    inputs = tuple(sorted(set(group.reads) | group.scalars))
+    return FusedLoop(f"{name}_{kind}", kind, tuple(nodes), outputs, inputs, domain=group.domain, roots=roots,
+                     phases=tuple(group.phase[r] for r in roots), computes=tuple(graph_order(graph, group.computes)))
+
+
+def _finish(graph: Graph, group: _Group, name: str, nodes: list[int], needed_outside: set[int],
+            materialised: set[int]) -> FusionGroup:
+    """The FusionGroup of a planned group; a scalar source that is not materialised has no output."""
+    if group.kind == "loop":
+        return _loop_group(graph, group, name, nodes, needed_outside)
+    if group.kind == "library":
+        call = group.roots[0]
+        epilogue = group.epilogue
+        if epilogue is None:
+            return FusedLibrary(f"{name}_library", "library", tuple(nodes), (call,),
+                                tuple(dict.fromkeys(graph[call].inputs)), call=call)
+        loop = _loop_group(graph, epilogue, f"{name}_epilogue", (), needed_outside)
+        inputs = tuple(sorted((set(graph[call].inputs) | set(loop.inputs)) - {call}))
+        return FusedLibrary(f"{name}_library", "library", tuple(nodes), loop.outputs, inputs,
+                            call=call, epilogue=loop)
+    root = group.roots[0]
+    outputs = (root,) if root in materialised else ()
+    return FusionGroup(f"{name}_{group.kind}", group.kind, tuple(nodes), outputs, tuple(group.reads))
+
+
+def graph_order(graph: Graph, ids) -> list[int]:
+    ids = set(ids)
+    return [n for n in graph.topo_order() if n in ids]
+
+
+def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
+    """The pass: plan fusion for `graph.outputs`, store it in `ctx.fusion`, count what it did."""
+    plan = plan_fusion(graph)
+    ctx.fusion = plan
+    kernels = plan.kernels()
+    recomputed = sum(
+        len(set(g.computes) - set(g.nodes)) for g in plan.groups if isinstance(g, FusedLoop))
+    return {"kernels": len(kernels), "fused_nodes": sum(len(g.nodes) for g in kernels),
+            "recomputed": recomputed,
+            "epilogues": sum(1 for g in plan.groups if isinstance(g, FusedLibrary) and g.epilogue)}

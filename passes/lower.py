@@ -1,0 +1,266 @@
+"""Lowering: the fused graph and its `FusionPlan` become a Kernel IR `Program`.
+
+    lower(graph, plan, memory) -> Program
+
+Every materialised value gets a flat buffer (`BufferSpec`): feeds,
+constants, group outputs (placed in the memory plan's shared storage when
+there is one) and aliases (reshape-like views sharing their root's
+buffer). Each group becomes steps, in plan order: a `FusedLoop` one
+`KernelStep`; a `FusedLibrary` a `LibraryStep`, then its epilogue kernel,
+which updates the call's output in place (the call writes straight into the
+epilogue's output buffer).
+
+A loop is emitted phase by phase with a `ConeWalker` whose visits produce
+SSA variables: a buffer read is a `Load` through the index map the walk
+carried down, an elementwise op a `Compute`, a Fill or one-element constant
+a load of a one-element constant buffer (constants are never pasted into
+code). A root the same phase computed is its variable; a row reduction of
+an earlier phase is a `RowValue` (a register); any other value of an
+earlier phase is read back from its output buffer, or, when nothing
+outside the loop needs it, from a per-thread `row` scratch buffer.
+Parameters are numbered in order of first use, so equal structures lower
+to equal kernels whatever their node ids.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gradcompiler.cones import ConeWalker, domain_index, node_class, reduced_axes
+from gradcompiler.index_expr import Index, ravel
+from gradcompiler.ir import Graph, Node
+from gradcompiler.kernel import (
+    BufferParam,
+    BufferSpec,
+    Compute,
+    Instr,
+    KernelStep,
+    LibraryStep,
+    Load,
+    LoopKernel,
+    Phase,
+    Program,
+    Reduction,
+    RowValue,
+    Store,
+)
+from gradcompiler.ops.elemwise import Elemwise
+from gradcompiler.ops.reduce import Reduce
+from gradcompiler.ops.shape import FastpathCopy
+from gradcompiler.ops.elemwise import StopGradient
+from gradcompiler.ops.source import Constant, Fill, Placeholder
+
+from .fuse import FusedLibrary, FusedLoop, cone_of
+from .groups import FusionPlan
+from .memory import MemoryPlan
+
+_IDENTITY_OPS = (StopGradient, FastpathCopy)
+_REDUCE_MODES = {"SUM": "SUM", "MEAN": "SUM", "SUM_SQR": "SUM", "PRODUCT": "PRODUCT", "MAX": "MAX", "MIN": "MIN"}
+
+
+def is_row_scalar(graph: Graph, node: Node) -> bool:
+    """A reduction over every axis but axis 0: one value per row, kept in a register."""
+    if node_class(node) != "reduction":
+        return False
+    ndim = graph[node.inputs[0]].type.ndim
+    return ndim >= 2 and reduced_axes(graph, node) == tuple(range(1, ndim))
+
+
+class _LoopEmitter(ConeWalker[int]):
+    """Emits one FusedLoop as a LoopKernel; `bind` maps a node to its program buffer."""
+
+    def __init__(self, graph: Graph, loop: FusedLoop, program: "_ProgramBuilder"):
+        roots = set(loop.roots)
+        external = {i for i in loop.inputs if node_class(graph[i]) != "scalar_source"
+                    or program.is_materialised(i)}
+        super().__init__(graph, loop.domain, lambda n: n in roots or n in external)
+        self.loop = loop
+        self.program = program
+        self.phase_of = dict(zip(loop.roots, loop.phases))
+        self.params: list[BufferParam] = []
+        self.args: list[int | None] = []
+        self.param_of: dict[tuple, int] = {}
+        self.instrs: list[Instr] = []
+        self.next_var = 0
+        self.root_var: dict[int, int] = {}
+        self.reduction_index: dict[int, int] = {}
+        self.reductions = 0
+        self.phase = 0
+        self.read_later = self._read_by_later_phases(external)
+
+    def _read_by_later_phases(self, external: set[int]) -> set[int]:
+        materialised = set(self.loop.roots) | external
+        later = set()
+        for root in self.loop.roots:
+            for d in cone_of(self.graph, root, materialised - {root}).reads:
+                if d in self.phase_of and self.phase_of[d] < self.phase_of[root]:
+                    later.add(d)
+        return later
+
+    # -- parameters -----------------------------------------------------------------------
+    def _param(self, key: tuple, role: str, dtype: np.dtype, size: int, buffer: int | None) -> int:
+        if key not in self.param_of:
+            self.param_of[key] = len(self.params)
+            self.params.append(BufferParam(role, np.dtype(dtype), int(size)))
+            self.args.append(buffer)
+        return self.param_of[key]
+
+    def _node_param(self, node: Node, role: str) -> int:
+        if role == "row":
+            size = int(np.prod(node.type.shape[1:], dtype=np.int64))
+            return self._param(("row", node.id), "row", node.type.dtype, size, None)
+        return self._param((role, node.id), role, node.type.dtype, node.type.size, self.program.buffer(node.id))
+
+    # -- emission ---------------------------------------------------------------------------
+    def _emit(self, expr, dtype) -> int:
+        var = self.next_var
+        self.next_var += 1
+        self.instrs.append(Instr(var, expr, np.dtype(dtype)))
+        return var
+
+    def read(self, node, index):
+        d = node.id
+        if d in self.phase_of:
+            if self.phase_of[d] == self.phase:
+                return self.root_var[d]
+            if d in self.reduction_index and is_row_scalar(self.graph, node):
+                return self._emit(RowValue(self.reduction_index[d]), node.type.dtype)
+            if d in self.loop.outputs:
+                return self._emit(Load(self._node_param(node, "out"), ravel(index, node.type.shape)), node.type.dtype)
+            row = ravel(index[1:], node.type.shape[1:])
+            return self._emit(Load(self._node_param(node, "row"), row), node.type.dtype)
+        return self._emit(Load(self._node_param(node, "in"), ravel(index, node.type.shape)), node.type.dtype)
+
+    def scalar(self, node):
+        buffer = self.program.scalar_buffer(node)
+        param = self._param(("value", node.id), "in", node.type.dtype, 1, buffer)
+        return self._emit(Load(param, Index.lit(0)), node.type.dtype)
+
+    def compute(self, node, args):
+        if isinstance(node.op, _IDENTITY_OPS):
+            return args[0]
+        return self._emit(Compute(node.op, tuple(args)), node.type.dtype)
+
+    def kernel(self) -> tuple[LoopKernel, tuple[int | None, ...]]:
+        phases = []
+        for phase in range(max(self.loop.phases, default=0) + 1):
+            self.phase, self.instrs = phase, []
+            self.reset()
+            stores, reductions = [], []
+            for root in self.loop.roots:
+                if self.phase_of[root] != phase:
+                    continue
+                node = self.graph[root]
+                var = self.root_var[root] = self.define(root)
+                if node_class(node) == "reduction":
+                    reductions.append(self._reduction(node, var))
+                    continue
+                if root in self.loop.outputs:
+                    stores.append(Store(self._node_param(node, "out"), var))
+                if root in self.read_later and root not in self.loop.outputs:
+                    stores.append(Store(self._node_param(node, "row"), var))
+            phases.append(Phase(tuple(self.instrs), tuple(stores), tuple(reductions)))
+        return LoopKernel(tuple(self.loop.domain), tuple(self.params), tuple(phases)), tuple(self.args)
+
+    def _reduction(self, node: Node, var: int) -> Reduction:
+        mode = node.op.mode if isinstance(node.op, Reduce) else "SUM"
+        axes = reduced_axes(self.graph, node)
+        if mode == "SUM_SQR":
+            var = self._emit(Compute(Elemwise("MUL"), (var, var)), node.type.dtype)
+        divisor = int(np.prod([self.loop.domain[a] for a in axes], dtype=np.int64)) if mode == "MEAN" else None
+        if node.id in self.loop.outputs:
+            param = self._node_param(node, "out")
+        elif is_row_scalar(self.graph, node):
+            param = None
+        else:
+            param = self._node_param(node, "row")
+        self.reduction_index[node.id] = self.reductions
+        self.reductions += 1
+        return Reduction(param, var, _REDUCE_MODES[mode], axes, divisor)
+
+
+class _ProgramBuilder:
+    def __init__(self, graph: Graph, plan: FusionPlan, memory: MemoryPlan | None):
+        self.graph = graph
+        self.plan = plan
+        self.memory = memory
+        self.buffers: list[BufferSpec] = []
+        self.buffer_of: dict[int, int] = {}
+        self.scalar_of: dict[int, int] = {}
+        self.steps = []
+        self.materialised = {n for g in plan.groups for n in g.outputs}
+
+    def is_materialised(self, node_id: int) -> bool:
+        return node_id in self.materialised
+
+    def _add(self, spec: BufferSpec, node_id: int | None) -> int:
+        self.buffers.append(spec)
+        if node_id is not None:
+            self.buffer_of[node_id] = len(self.buffers) - 1
+        return len(self.buffers) - 1
+
+    def buffer(self, node_id: int) -> int:
+        """The program buffer holding node `node_id`'s value, made on first use."""
+        if node_id not in self.buffer_of:
+            node = self.graph[node_id]
+            t = node.type
+            if isinstance(node.op, Placeholder):
+                spec = BufferSpec(t.shape, t.dtype, "feed", node_id, feed_name=node.op.feed_name)
+            elif isinstance(node.op, Constant):
+                spec = BufferSpec(t.shape, t.dtype, "const", node_id, value=node.op.value.array)
+            else:
+                storage = self.memory.buffers.get(node_id) if self.memory is not None else None
+                spec = BufferSpec(t.shape, t.dtype, "temp", node_id, storage=storage)
+            self._add(spec, node_id)
+        return self.buffer_of[node_id]
+
+    def scalar_buffer(self, node: Node) -> int:
+        """A one-element constant buffer holding a Fill's or a one-element constant's value."""
+        if node.id not in self.scalar_of:
+            if isinstance(node.op, Fill):
+                value = np.full(1, node.op.value, dtype=node.type.dtype)
+            else:
+                value = node.op.value.array.reshape(1)
+            self.scalar_of[node.id] = self._add(BufferSpec((1,), node.type.dtype, "const", node.id, value=value), None)
+        return self.scalar_of[node.id]
+
+    def add_loop(self, loop: FusedLoop) -> None:
+        kernel, args = _LoopEmitter(self.graph, loop, self).kernel()
+        self.steps.append(KernelStep(loop.name, kernel, args, tuple(loop.computes), loop.name))
+
+    def add_library(self, group: FusedLibrary) -> None:
+        call = self.graph[group.call]
+        epilogue = group.epilogue
+        if epilogue is not None:
+            target = next(r for r in epilogue.outputs
+                          if node_class(self.graph[r]) != "reduction" and self.graph[r].type == call.type)
+            self.buffer_of[call.id] = self.buffer(target)
+        inputs = tuple(self.buffer(i) for i in call.inputs)
+        self.steps.append(LibraryStep(group.name, call.op, inputs, self.buffer(call.id), call.id, group.name))
+        if epilogue is not None:
+            self.add_loop(epilogue)
+
+    def add_alias(self, group) -> None:
+        node = self.graph[group.outputs[0]]
+        source = self.buffer(node.inputs[0])
+        root = self.buffers[source].alias_of if self.buffers[source].alias_of is not None else source
+        self._add(BufferSpec(node.type.shape, node.type.dtype, "alias", node.id, alias_of=root), node.id)
+
+    def build(self) -> Program:
+        for group in self.plan.groups:
+            if isinstance(group, FusedLibrary):
+                self.add_library(group)
+            elif isinstance(group, FusedLoop):
+                self.add_loop(group)
+            elif group.kind == "alias":
+                self.add_alias(group)
+        return Program(self.buffers, self.steps, [self.buffer(o) for o in self.graph.outputs])
+
+
+def lower(graph: Graph, plan: FusionPlan, memory: MemoryPlan | None = None) -> Program:
+    """The Kernel IR program of `graph` executed as `plan` says (module docstring)."""
+    return _ProgramBuilder(graph, plan, memory).build()
+
+
+def identity_index(extents: tuple[int, ...]):
+    return domain_index(extents)
