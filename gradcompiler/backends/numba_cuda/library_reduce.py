@@ -185,6 +185,27 @@ class _Reduction:
                 stage_out, target, *kept, *reduced, self.parts, 1, self.start, self.divisor, False, True)
 
 
+class PartialFold:
+    """Stage two of a reduction over axis 0 in a generated kernel: `out[k]` = the `mode`
+    combination over blocks c of `partials[c * width + k]`, divided by `divisor` when given
+    (the Kernel IR's MEAN)."""
+
+    def __init__(self, mode: str, divisor: int | None, dtype: np.dtype, count: int, width: int,
+                 config: LaunchConfig):
+        dtype = np.dtype(dtype)
+        self.count, self.width, self.config = count, width, config
+        self.start = identity(mode, dtype)
+        self.divisor = dtype.type(divisor if divisor is not None else 1)
+        _, self.column = _kernels("MEAN" if divisor is not None else mode, dtype, config.reduce_block,
+                                  config.shuffle)
+        self.kept = (device_constant([width]), device_constant([1]))
+        self.reduced = (device_constant([count]), device_constant([width]))
+
+    def __call__(self, partials: Any, out: Any, stream: Any = 0) -> None:
+        self.column[self.config.grid(self.width), self.config.block, stream](
+            partials, flat(out), *self.kept, *self.reduced, self.count, 1, self.start, self.divisor, False, True)
+
+
 @cuda_library_kernel.register
 def _reduce(op: Reduce, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
     x = input_types[0]

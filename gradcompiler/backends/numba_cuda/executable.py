@@ -1,0 +1,228 @@
+"""Running a Kernel IR `Program` on the GPU: compiled kernels, library launchers,
+device buffers from the memory plan, and the per-call driver.
+
+    build(program, options) -> CudaBuild       (its `runner.run(feeds, to_host)` runs one step)
+
+Every buffer lives on the device from the first kernel to the last: the
+memory plan's shared storages are device arenas allocated once per
+executable (a value is a typed view of its storage), constants are uploaded
+once, feeds are uploaded once per call (numpy) or used in place (device
+arrays, `__cuda_array_interface__`), and only what the caller asks for
+comes back (`to_host=True`). Storages that hold a graph output are
+allocated afresh per call, so the device arrays a call returns are never
+overwritten by the next call.
+
+Each distinct `LoopKernel` is generated once per launch geometry
+(`codegen`), written to the module cache shared with the CPU backend
+(`numba_cpu.cache`, so Numba's `cache=True` finds the file again), and
+compiled by Numba when first launched.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection, Mapping, Sequence
+
+import numpy as np
+from numba import cuda
+
+from ...errors import FeedError, NonFiniteError
+from ...feeds import validate_feeds
+from ...ir import Node, TensorType
+from ...kernel import KernelStep, LibraryStep, LoopKernel, Program
+from ..numba_cpu import cache
+from .codegen import CudaKernelSource, generate
+from .device import LaunchConfig, default_config, flat, is_device_array, to_device, view
+from .library import cuda_library_kernel
+from .library_reduce import PartialFold
+
+
+@dataclass
+class CompiledCudaKernel:
+    """One distinct generated kernel: its module and dispatcher."""
+
+    module: str
+    source: CudaKernelSource
+    function: Callable
+    compile_seconds: float
+    from_cache: bool = False
+
+
+_COMPILED: dict[tuple[LoopKernel, int, bool], CompiledCudaKernel] = {}
+
+
+def compile_kernel(kernel: LoopKernel, config: LaunchConfig) -> CompiledCudaKernel:
+    """The kernel of `kernel` for `config`'s geometry, generated and loaded at most once."""
+    block, shuffle = config.reduce_block, config.shuffle
+    key = (kernel, block, shuffle)
+    if key not in _COMPILED:
+        start = time.perf_counter()
+        source = generate(kernel, block, shuffle)
+        module = cache.load_module(source.source)
+        _COMPILED[key] = CompiledCudaKernel(module.__name__, source, module.kernel, time.perf_counter() - start)
+    return _COMPILED[key]
+
+
+@dataclass
+class CudaBuildOptions:
+    config: LaunchConfig | None = None
+    debug: bool = False
+    arena_sizes: Sequence[int] | None = None
+    step_labels: Sequence[str] = ()
+
+
+class _KernelLaunch:
+    """A KernelStep bound to its buffers, scratch rows and partial folds."""
+
+    def __init__(self, step: KernelStep, compiled: CompiledCudaKernel, config: LaunchConfig):
+        self.step, self.compiled = step, compiled
+        source = compiled.source
+        self.grid = source.grid(step.kernel, config.max_blocks)
+        self.block = source.block
+        self.scratch = {k: cuda.device_array(self.grid * p.size, p.dtype)
+                        for k, (b, p) in enumerate(zip(step.args, step.kernel.params)) if b is None}
+        self.partials = [cuda.device_array(self.grid * s.kept, s.dtype) for s in source.partials]
+        self.folds = [(PartialFold(s.mode, s.divisor, s.dtype, self.grid, s.kept, config), step.args[s.param])
+                      for s in source.partials]
+
+    def __call__(self, buffers: list[Any], stream: Any) -> None:
+        args = [self.scratch[k] if b is None else buffers[b] for k, b in enumerate(self.step.args)]
+        self.compiled.function[self.grid, self.block, stream](*args, *self.partials)
+        for (fold, out), partials in zip(self.folds, self.partials):
+            fold(partials, buffers[out], stream)
+
+
+class _LibraryLaunch:
+    def __init__(self, step: LibraryStep, program: Program, config: LaunchConfig):
+        self.step = step
+        self.shapes = [program.buffers[b].shape for b in (*step.inputs, step.output)]
+        types = [TensorType(program.buffers[b].shape, program.buffers[b].dtype) for b in step.inputs]
+        self.launch = cuda_library_kernel(step.op, types, config)
+
+    def __call__(self, buffers: list[Any], stream: Any) -> None:
+        *inputs, out = (view(buffers[b], shape) for b, shape in zip((*self.step.inputs, self.step.output),
+                                                                    self.shapes))
+        self.launch(*inputs, out=out, stream=stream)
+
+
+class CudaRunner:
+    """Device buffers of one executable and the loop over its steps."""
+
+    def __init__(self, program: Program, launches: list, options: CudaBuildOptions, config: LaunchConfig):
+        self.program, self.launches, self.config = program, launches, config
+        self.debug, self.step_labels = options.debug, list(options.step_labels)
+        buffers = program.buffers
+        self.outputs = {self._root(b) for b in program.outputs}
+        self.arena_sizes = list(options.arena_sizes or ())
+        self.per_call_storage = sorted({buffers[b].storage for b in self.outputs
+                                        if self._in_arena(b)})
+        arenas = {s: cuda.device_array(max(size, 1), np.uint8) for s, size in enumerate(self.arena_sizes)
+                  if s not in self.per_call_storage}
+        self.fixed: list[Any] = [None] * len(buffers)  # None: a feed, an alias, or allocated per call
+        for b, spec in enumerate(buffers):
+            if spec.role == "const":
+                self.fixed[b] = cuda.to_device(np.ascontiguousarray(spec.value, dtype=spec.dtype).reshape(-1))
+            elif spec.role == "temp" and self._in_arena(b):
+                if spec.storage in arenas:
+                    self.fixed[b] = arenas[spec.storage][: spec.nbytes].view(spec.dtype)
+            elif spec.role == "temp" and b not in self.outputs:
+                self.fixed[b] = cuda.device_array(spec.size, spec.dtype)
+
+    def _in_arena(self, b: int) -> bool:
+        return self.program.buffers[b].storage is not None and bool(self.arena_sizes)
+
+    def _root(self, b: int) -> int:
+        spec = self.program.buffers[b]
+        return spec.alias_of if spec.alias_of is not None else b
+
+    def _buffers(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """This call's flat device array of every buffer."""
+        buffers = list(self.fixed)
+        storages = {s: cuda.device_array(max(self.arena_sizes[s], 1), np.uint8) for s in self.per_call_storage}
+        for b, spec in enumerate(self.program.buffers):
+            if spec.role == "feed":
+                buffers[b] = flat(feeds[spec.feed_name])
+            elif spec.role == "temp" and buffers[b] is None:
+                buffers[b] = (storages[spec.storage][: spec.nbytes].view(spec.dtype) if self._in_arena(b)
+                              else cuda.device_array(spec.size, spec.dtype))
+        for b, spec in enumerate(self.program.buffers):
+            if spec.role == "alias":
+                buffers[b] = buffers[spec.alias_of]
+        return buffers
+
+    def run(self, feeds: Mapping[str, Any], to_host: bool = False, stream: Any = 0) -> list[Any]:
+        """Run every step on device `feeds` (by name); the outputs, shaped, on the device or the host."""
+        buffers = self._buffers(feeds)
+        for s, launch in enumerate(self.launches):
+            launch(buffers, stream)
+            if self.debug:
+                self._check(launch, buffers, s)
+        results = []
+        for b in self.program.outputs:
+            spec = self.program.buffers[b]
+            value = view(buffers[b], spec.shape)
+            if self.program.buffers[self._root(b)].role == "const" and not to_host:
+                value = cuda.to_device(value.copy_to_host())  # never hand out the executable's own constant
+            results.append(value.copy_to_host() if to_host else value)
+        return results
+
+    def _check(self, launch, buffers: list[Any], s: int) -> None:
+        step = launch.step
+        for b in step.outputs if isinstance(step, KernelStep) else (step.output,):
+            host = buffers[b].copy_to_host()
+            if host.dtype.kind == "f" and not np.isfinite(host).all():
+                bad = int(np.count_nonzero(~np.isfinite(host)))
+                raise NonFiniteError(f"{bad} non-finite value(s) after {self.step_labels[s]}")
+
+
+@dataclass
+class CudaBuild:
+    runner: CudaRunner
+    step_kernels: list[CompiledCudaKernel]  # one per KernelStep, in program order
+    distinct: list[CompiledCudaKernel] = field(default_factory=list)
+
+    def sources(self) -> str:
+        return "\n".join(f"# ---- {k.module}\n{k.source.source}" for k in self.distinct)
+
+
+def build(program: Program, options: CudaBuildOptions) -> CudaBuild:
+    """Generate and load every kernel of `program`, bind library launchers, allocate buffers."""
+    config = options.config or default_config()
+    launches, step_kernels = [], []
+    for step in program.steps:
+        if isinstance(step, KernelStep):
+            compiled = compile_kernel(step.kernel, config)
+            step_kernels.append(compiled)
+            launches.append(_KernelLaunch(step, compiled, config))
+        else:
+            launches.append(_LibraryLaunch(step, program, config))
+    distinct = list({id(k): k for k in step_kernels}.values())
+    return CudaBuild(CudaRunner(program, launches, options, config), step_kernels, distinct)
+
+
+def device_feeds(placeholders: Sequence[Node], feeds: Mapping[str, Any],
+                 ignorable: Collection[str] = ()) -> dict[str, Any]:
+    """Feeds checked like `validate_feeds` and put on the device: numpy arrays copied once,
+    device arrays (Numba's, or any `__cuda_array_interface__`) used in place."""
+    expected = {n.op.feed_name: n for n in placeholders}
+    on_device = {name for name, value in feeds.items() if is_device_array(value)}
+    missing = sorted(set(expected) - set(feeds))
+    if missing:
+        raise FeedError(f"missing feed(s) {missing}; this program needs {sorted(expected)}")
+    host = validate_feeds([n for name, n in expected.items() if name not in on_device],
+                          {k: v for k, v in feeds.items() if k not in on_device}, ignorable=set(ignorable) | on_device)
+    result = {name: to_device(array) for name, array in host.items()}
+    for name in on_device:
+        if name not in expected:
+            if name in ignorable:
+                continue
+            raise FeedError(f"unexpected feed(s) {[name]}; this program takes {sorted(expected)}")
+        value = to_device(feeds[name], what=f"feed '{name}'")
+        want = expected[name].type
+        if np.dtype(value.dtype) != want.dtype:
+            raise FeedError(f"feed '{name}' has dtype {np.dtype(value.dtype).name}, expected {want.dtype.name}")
+        if tuple(value.shape) != want.shape:
+            raise FeedError(f"feed '{name}' has shape {tuple(value.shape)}, expected {want.shape}")
+        result[name] = value
+    return result
