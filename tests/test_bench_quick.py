@@ -1,0 +1,140 @@
+"""The suite end to end in quick mode: `run_suite` on bcast_reduce writes a
+JSON document with every documented field, numbers finite and positive, and
+the Markdown and PNG writers produce their files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from gradcompiler.bench import report, suite
+
+TIMING_KEYS = {"median_s", "min_s", "max_s", "steps", "warmup", "max_rel_error_vs_numpy", "correct"}
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.fixture(scope="module")
+def quick_result(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("kernel-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRADCOMPILER_CACHE_DIR", str(cache))
+        result = suite.run_suite(["bcast_reduce"], target="cpu", quick=True, log=None)
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    report.write_json(result, path)
+    return json.loads(path.read_text())
+
+
+def test_document_has_every_top_level_field(quick_result):
+    assert set(quick_result) == {"schema", "created", "target", "quick", "size", "steps", "warmup",
+                                 "environment", "machine", "peers", "workloads"}
+    assert quick_result["schema"] == suite.SCHEMA
+    assert quick_result["target"] == "cpu" and quick_result["quick"] is True
+    assert quick_result["size"] == "tiny"
+    assert quick_result["steps"] == suite.QUICK_STEPS and quick_result["warmup"] == suite.QUICK_WARMUP
+    machine = quick_result["machine"]
+    for key in ("bandwidth_gb_s", "sgemm_gflop_s", "stream_elements", "gemm_n", "threads"):
+        assert _positive(machine[key]), key
+    assert quick_result["peers"]["numpy_manual"] == {"available": True, "note": ""}
+    for name, peer in quick_result["peers"].items():
+        assert peer["available"] or peer["note"], name
+
+
+def test_workload_entry_is_complete_and_correct(quick_result):
+    (entry,) = quick_result["workloads"]
+    assert entry["name"] == "bcast_reduce" and entry["bound"] == "memory"
+    assert entry["dims"] == {"rows": 5, "cols": 7}
+    # feeds x, b, w read once; loss, dx, db, dw written once
+    assert entry["min_bytes"] == 4 * (5 * 7 + 7 + 7) + 4 * (1 + 5 * 7 + 7 + 7)
+    assert entry["flops"] == 0
+    assert _positive(entry["floor_s"])
+    compiled = entry["compiled"]
+    assert compiled["status"] == "ok", compiled.get("error")
+    assert TIMING_KEYS <= set(compiled)
+    for key in ("median_s", "min_s", "max_s"):
+        assert _positive(compiled[key]), key
+    assert compiled["min_s"] <= compiled["median_s"] <= compiled["max_s"]
+    assert compiled["correct"] is True
+    assert 0 <= compiled["max_rel_error_vs_numpy"] <= suite.TOLERANCE
+    numpy_peer = entry["peers"]["numpy_manual"]
+    assert numpy_peer["status"] == "ok" and numpy_peer["max_rel_error_vs_numpy"] == 0.0
+    assert set(entry["ratio"]) == {p for p, m in entry["peers"].items() if m["status"] == "ok"}
+    for peer, ratio in entry["ratio"].items():
+        assert ratio == pytest.approx(entry["peers"][peer]["median_s"] / compiled["median_s"])
+    for name, measured in entry["peers"].items():
+        if not quick_result["peers"][name]["available"]:
+            assert measured["status"] == "skipped" and measured["note"]
+    reach = entry["achieved"]
+    assert reach["unit"] == "GB/s"
+    assert reach["rate"] == pytest.approx(entry["min_bytes"] / compiled["median_s"] / 1e9)
+    assert reach["fraction"] == pytest.approx(reach["rate"] / quick_result["machine"]["bandwidth_gb_s"])
+
+
+def test_first_call_cold_and_warm(quick_result):
+    first = quick_result["workloads"][0]["first_call"]
+    assert first["status"] == "ok", first.get("error")
+    assert _positive(first["cold_s"]) and _positive(first["warm_s"])
+    for run in (first["cold"], first["warm"]):
+        assert set(run) == {"seconds", "build_s", "compile_s", "first_run_s"}
+        assert all(_positive(v) for v in run.values())
+
+
+def test_markdown_and_plot(quick_result, tmp_path):
+    md, png = tmp_path / "bench.md", tmp_path / "bench.png"
+    report.write_markdown(quick_result, md)
+    report.write_plot(quick_result, png)
+    text = md.read_text()
+    header, rule, row = text.splitlines()[:3]
+    assert "gradcompiler" in header and "numpy" in header
+    assert row.startswith("| bcast_reduce |") and row.count("|") == header.count("|")
+    assert "Quick run" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timer_counts_every_step():
+    calls = []
+    timing = suite.time_calls(lambda: calls.append(1), steps=7, warmup=3)
+    assert len(calls) == 10 and timing["steps"] == 7 and timing["warmup"] == 3
+    assert timing["min_s"] <= timing["median_s"] <= timing["max_s"]
+
+
+def test_unknown_names_are_rejected():
+    with pytest.raises(ValueError, match="unknown workload"):
+        suite.run_suite(["nope"], quick=True, log=None)
+    with pytest.raises(ValueError, match="unknown target"):
+        suite.run_suite(["bcast_reduce"], target="tpu", quick=True, log=None)
+    with pytest.raises(ValueError, match="unknown peer"):
+        suite.run_suite(["bcast_reduce"], quick=True, peers=["matlab"], log=None)
+
+
+def test_a_wrong_step_is_reported_as_wrong(monkeypatch):
+    """The oracle check bites: a step that returns the numpy outputs scaled is flagged."""
+    from gradcompiler.bench import manual
+
+    def wrong(work, target):
+        return lambda **feeds: [np.asarray(v) * 1.01 for v in manual.STEPS[work.name](feeds)]
+
+    monkeypatch.setattr(suite, "compile_step", wrong)
+    result = suite.run_suite(["bcast_reduce"], quick=True, peers=["numpy_manual"], first_call=False,
+                             log=None)
+    compiled = result["workloads"][0]["compiled"]
+    assert compiled["status"] == "ok" and compiled["correct"] is False
+    assert compiled["max_rel_error_vs_numpy"] == pytest.approx(0.01, rel=1e-3)
+    assert "WRONG" in report.markdown_table(result)
+
+
+def test_missing_frameworks_are_skipped_with_a_note(monkeypatch):
+    from gradcompiler.bench import peers
+
+    monkeypatch.setattr(peers, "_installed", lambda module: False)
+    listed = {p.name: p for p in peers.available_peers()}
+    assert listed["numpy_manual"].available
+    for name in ("torch_eager", "torch_compile", "jax_jit"):
+        assert not listed[name].available and "not installed" in listed[name].note
+    entry = suite.measure_peer(listed["jax_jit"], None, {}, [], "cpu", 1, 0)
+    assert entry == {"status": "skipped", "note": listed["jax_jit"].note}
