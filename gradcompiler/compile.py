@@ -186,6 +186,22 @@ class Executable:
         return "\n".join(lines)
 
 
+class DeviceExecutable(Executable):
+    """A step compiled for `target="cuda"`: its buffers stay on the GPU between calls.
+
+    Feeds may be numpy arrays (copied to the device once) or device arrays
+    (Numba's, or any object with `__cuda_array_interface__`; used without a
+    copy). Outputs are device arrays, or numpy arrays with `to_host=True`.
+    """
+
+    def __call__(self, to_host: bool = False, **feeds: Any):
+        from .backends.numba_cuda.executable import device_feeds
+
+        results = self._runner.run(device_feeds(self._placeholders, feeds, ignorable=self._feed_names),
+                                   to_host=to_host)
+        return results[0] if self._single else results
+
+
 def cache_info() -> dict:
     """Counters of the kernel cache in this process (module and Numba hits, compiles) and its directory."""
     from .backends.numba_cpu.cache import cache_info as info
@@ -236,10 +252,17 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     start = time.perf_counter()
     program = lower(graph, ctx.fusion, ctx.memory)
     timings["lowering"] = time.perf_counter() - start
-    from .backends.numba_cpu import BuildOptions, build, fastmath_flags  # imports Numba: only when compiling
-
     start = time.perf_counter()
     labels = [_step_label(graph, step) for step in program.steps]
+    if target == "cuda":
+        from .backends.numba_cuda.executable import CudaBuildOptions, build as build_cuda
+
+        result = build_cuda(program, CudaBuildOptions(debug=debug, step_labels=labels,
+                                                      arena_sizes=ctx.memory.buffer_sizes if ctx.memory else None))
+        timings["codegen+numba"] = time.perf_counter() - start
+        return DeviceExecutable(graph, source_graph, ctx, program, result, single, timings)
+    from .backends.numba_cpu import BuildOptions, build, fastmath_flags  # imports Numba: only when compiling
+
     options = BuildOptions(fastmath=fastmath_flags(fastmath), debug=debug,
                            arena_sizes=ctx.memory.buffer_sizes if ctx.memory else None, step_labels=labels)
     result = build(program, options)

@@ -1,9 +1,9 @@
 """Code-generating backends, chosen by `compile(..., target=...)`.
 
 A backend turns a Kernel IR `Program` into something that runs. `cpu` is
-the Numba CPU backend (`numba_cpu`). The CUDA backend plugs in here when
-its code generator is complete; until then `target="cuda"` is refused with
-a `BackendUnavailableError` that says so.
+the Numba CPU backend (`numba_cpu`), `cuda` the Numba CUDA backend
+(`numba_cuda`), refused with a `BackendUnavailableError` saying why where
+there is no GPU and Numba's CUDA simulator is off.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ def require_target(target: str) -> None:
     if target == "cpu":
         return
     if target == "cuda":
-        raise BackendUnavailableError(
-            "target='cuda': the CUDA code generator is not available yet (its library kernels are); "
-            "compile with target='cpu'")
+        from .numba_cuda import require_cuda  # numba-cuda installed, and a GPU or the simulator
+
+        require_cuda()
+        return
     raise BackendUnavailableError(f"unknown target {target!r}; known targets: {', '.join(TARGETS)}")
