@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ops.common import normalize_axes
+from ..ops.common import checked_dtype, normalize_axes
 from ..ops.elemwise import Cast, Elemwise, StopGradient, Where
 from ..ops.linalg import BatchedMatrixMul, MatrixMul
 from ..ops.reduce import Reduce, ReduceTo
@@ -89,8 +89,9 @@ def where(mask: Tensor, x: Any, y: Any) -> Tensor:
     return apply(Where(), mask, x_t, y_t)
 
 
+@reports_user_line
 def cast(x: Tensor, dtype: Any) -> Tensor:
-    dtype = np.dtype(dtype)
+    dtype = checked_dtype("Cast", dtype)
     return x if x.dtype == dtype else apply(Cast(dtype), x)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import BuildError, DTypeError, GraphError
 from ..ir import ConstValue, Graph, Node, TensorType, call_site, current_graph
+from ..ops.common import checked_dtype
 from ..ops.source import Constant
 
 Scalar = int | float | bool
@@ -153,6 +154,10 @@ def graph_of(operands: Sequence[Any]) -> Graph:
 def constant(value: Any, dtype: Any = None, graph: Graph | None = None, name: str | None = None) -> Tensor:
     """A constant node holding `value` (copied)."""
     graph = graph or current_graph()
+    try:
+        dtype = None if dtype is None else checked_dtype("Constant", dtype)
+    except BuildError as err:
+        raise err.at(call_site()) from None
     array = np.array(value, dtype=dtype)
     node = graph.add(Constant(ConstValue(array)), role="const", name=name)
     return Tensor(graph, node.id)
@@ -196,7 +201,10 @@ def reports_user_line(fn: Callable) -> Callable:
 
 def apply(op, *operands: Any, name: str | None = None, role: str | None = None) -> Tensor:
     """Add `op` applied to `operands` to their graph and return its Tensor."""
-    tensors = to_operands(operands)
+    try:
+        tensors = to_operands(operands)
+    except BuildError as err:  # an operand that cannot meet the others: name the op it was for
+        raise type(err)(err.message, op=err.op or op.label, site=err.site) from None
     graph = graph_of(tensors)
     node = graph.add(op, [t.id for t in tensors], name=name, role=role)
     return Tensor(graph, node.id)

@@ -52,6 +52,19 @@ def same_dtype(op: Op, *types: TensorType) -> np.dtype:
     return types[0].dtype
 
 
+def checked_dtype(op: Op | str, dtype) -> np.dtype:
+    """`dtype` as a numpy dtype the compiler can run (bool, an integer or a float), or a
+    DTypeError: an object, string or complex tensor would only fail later, inside generated code."""
+    label = op if isinstance(op, str) else op.label
+    try:
+        result = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise DTypeError(f"{dtype!r} is not a dtype", op=label) from None
+    if result.kind not in "biuf":
+        raise DTypeError(f"dtype {result} is not supported; use bool, an integer or a float dtype", op=label)
+    return result
+
+
 def require_float(op: Op, t: TensorType, what: str = "input") -> None:
     if t.dtype.kind != "f":
         raise DTypeError(f"{what} must be a float tensor, got {t.dtype.name}", op=op.label)

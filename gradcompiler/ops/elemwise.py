@@ -20,7 +20,7 @@ from scipy import special
 
 from ..errors import DTypeError, ShapeError
 from ..ir import Op, TensorType
-from .common import broadcast_shapes, require_float, same_dtype
+from .common import broadcast_shapes, checked_dtype, require_float, same_dtype
 
 _SQRT_HALF = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
@@ -162,7 +162,7 @@ class Cast(Op):
     arity = 1
 
     def infer(self, x: TensorType) -> TensorType:
-        return TensorType(x.shape, self.dtype)
+        return TensorType(x.shape, checked_dtype(self, self.dtype))
 
     def reference(self, x):
         return x.astype(self.dtype)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import ConstValue, Op, TensorType
-from .common import check_shape_tuple
+from .common import check_shape_tuple, checked_dtype
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Placeholder(Op):
     arity = 0
 
     def infer(self) -> TensorType:
-        return TensorType(check_shape_tuple(self, self.shape), self.dtype)
+        return TensorType(check_shape_tuple(self, self.shape), checked_dtype(self, self.dtype))
 
     def reference(self) -> np.ndarray:
         raise RuntimeError(f"placeholder '{self.feed_name}' must be fed")
@@ -44,7 +44,7 @@ class Constant(Op):
     arity = 0
 
     def infer(self) -> TensorType:
-        return TensorType(self.value.array.shape, self.value.array.dtype)
+        return TensorType(self.value.array.shape, checked_dtype(self, self.value.array.dtype))
 
     def reference(self) -> np.ndarray:
         return self.value.array.copy()
@@ -65,7 +65,7 @@ class Fill(Op):
     arity = 0
 
     def infer(self) -> TensorType:
-        return TensorType(check_shape_tuple(self, self.shape), self.dtype)
+        return TensorType(check_shape_tuple(self, self.shape), checked_dtype(self, self.dtype))
 
     def reference(self) -> np.ndarray:
         return np.full(self.shape, self.value, dtype=self.dtype)
