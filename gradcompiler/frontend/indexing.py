@@ -44,7 +44,7 @@ from ..ops.indexing import (
 )
 from ..ops.shape import AddAxis
 from .shapes import broadcast_to, expand_dims, reshape, squeeze, transpose
-from .tensor import Tensor, apply, constant, to_operands
+from .tensor import Tensor, apply, constant, reports_user_line, to_operands
 
 __all__ = ["indexing_one_hot", "indexing_set_one_hot", "index_update", "index_add"]
 
@@ -337,6 +337,7 @@ def index_add(x: Tensor, key: Any, value: Any) -> Tensor:
     return apply(SetSubtensor(region.items), x, region.gather() + value)
 
 
+@reports_user_line
 def indexing_one_hot(src: Tensor, index: Tensor, axis: int = -1, keepdims: bool = False) -> Tensor:
     """`src[..., index[...], ...]` along `axis`: one element per position (take_along_axis)."""
     axis = normalize_axis(IndexingOneHot(axis), axis, src.ndim)
@@ -344,6 +345,7 @@ def indexing_one_hot(src: Tensor, index: Tensor, axis: int = -1, keepdims: bool 
     return out if keepdims else squeeze(out, axis)
 
 
+@reports_user_line
 def indexing_set_one_hot(data: Tensor, index: Tensor, sub: Any, axis: int = -1) -> Tensor:
     """A copy of data with one element per position along `axis` replaced by `sub` (put_along_axis).
 
