@@ -237,7 +237,11 @@ class Graph:
     def topo_order(self, ids: Iterable[int] | None = None) -> list[int]:
         """Deterministic topological order (ties broken by node id)."""
         sub = self.nx if ids is None else self.nx.subgraph(set(ids))
-        return list(nx.lexicographical_topological_sort(sub))
+        try:
+            return list(nx.lexicographical_topological_sort(sub))
+        except nx.NetworkXUnfeasible:  # a pass rewired a node into its own ancestors
+            cycle = [u for u, *_ in nx.find_cycle(sub)]
+            raise GraphError(f"graph '{self.name}' has a cycle through nodes {cycle}") from None
 
     def ancestors(self, ids: Iterable[int]) -> set[int]:
         """The given nodes and every node they depend on."""
