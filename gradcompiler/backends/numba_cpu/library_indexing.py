@@ -1,0 +1,280 @@
+"""Gathers and scatters whose indices arrive at run time: advanced indexing
+(IndexingMultiAxisVec and its Incr/Set forms, op-reference §7) and one-hot
+indexing (IndexingOneHot, IndexingSetOneHot, §8).
+
+Advanced indexing is reduced, once per input shape, to a canonical form
+that one small set of loops covers whatever the rank and the items:
+
+* the data is read as a flat C-order buffer; the slice items become a base
+  offset and scaled strides (they stay views, nothing is copied);
+* the index tensors, broadcast together and flattened, give one flat
+  position `pos[p]` per index tuple (wrapped once, range-checked: a bad
+  value raises before anything is read or written);
+* the axes that are not indexed split into the ones before the index block
+  and the ones after it in the output (numpy's placement rule), each a
+  list of offsets, so the output (and the value of Incr/Set) is a
+  C-contiguous (pre, P, post) array.
+
+Scatter-add is race-free without atomics: each thread owns a range of
+destination positions and walks the whole index list, updating only the
+rows it owns. Equal destinations have equal `pos` (the indexed and the
+kept axes are disjoint), so they land in one thread, which visits them in
+increasing `p`: duplicates accumulate in the value's row-major order, the
+order np.add.at uses, so results are bitwise those of the reference. Set
+uses the same partition, so the last write in row-major order wins (§7.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from ...ops.indexing import (
+    IndexingIncrMultiAxisVec,
+    IndexingMultiAxisVec,
+    IndexingOneHot,
+    IndexingSetMultiAxisVec,
+    IndexingSetOneHot,
+    SliceItem,
+    TensorItem,
+)
+from .library import LibraryKernel, index_error, library_kernel
+
+# -- loops -------------------------------------------------------------------------------------
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _flat_positions(indices, sizes, strides, base, pos):
+    """pos[p] = base + Σ_j wrap(indices[j, p])·strides[j]; returns how many values are out of range."""
+    bad = 0
+    for p in prange(indices.shape[1]):
+        offset = base
+        for j in range(indices.shape[0]):
+            v = np.int64(indices[j, p])
+            v = v + sizes[j] if v < 0 else v
+            if v < 0 or v >= sizes[j]:
+                bad += 1
+            offset += v * strides[j]
+        pos[p] = offset
+    return bad
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _gather(data, pos, pre_offsets, post_offsets, out):
+    """out[a, p, b] = data[pos[p] + pre_offsets[a] + post_offsets[b]]."""
+    n_pre, n_pos, n_post = out.shape
+    for ap in prange(n_pre * n_pos):
+        a = np.int64(ap) // n_pos          # (the prange index is unsigned: keep integer division)
+        p = np.int64(ap) - a * n_pos
+        start = pos[p] + pre_offsets[a]
+        for b in range(n_post):
+            out[a, p, b] = data[start + post_offsets[b]]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _scatter(out, value, pos, pre_offsets, post_offsets, span, parts, accumulate):
+    """out[pos[p] + pre_offsets[a] + post_offsets[b]] (+)= value[a, p, b], race-free.
+
+    Part t (one per thread) owns the destinations with pos in [t·chunk, (t+1)·chunk).
+    """
+    n_pre, n_pos, n_post = value.shape
+    chunk = (span + parts - 1) // parts
+    for part in prange(parts):
+        low, high = part * chunk, (part + 1) * chunk
+        for p in range(n_pos):
+            if pos[p] < low or pos[p] >= high:
+                continue
+            for a in range(n_pre):
+                start = pos[p] + pre_offsets[a]
+                if accumulate:
+                    for b in range(n_post):
+                        out[start + post_offsets[b]] += value[a, p, b]
+                else:
+                    for b in range(n_post):
+                        out[start + post_offsets[b]] = value[a, p, b]
+
+
+# -- advanced indexing: the canonical form -----------------------------------------------------
+
+
+def _offsets(lengths: Sequence[int], strides: Sequence[int]) -> np.ndarray:
+    """Flat offsets of every element of a strided block, in C order."""
+    offsets = np.zeros(1, np.int64)
+    for length, stride in zip(lengths, strides):
+        offsets = (offsets[:, None] + np.arange(length, dtype=np.int64) * stride).ravel()
+    return offsets
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Where the elements of an advanced-indexing region sit in a C-order data buffer."""
+
+    base: int                   # offset of the region's first element (slice starts)
+    sizes: np.ndarray           # (m,) size of each indexed axis
+    strides: np.ndarray         # (m,) element stride of each indexed axis
+    axes: tuple[int, ...]       # the indexed axes
+    block: tuple[int, ...]      # broadcast shape of the index tensors
+    pre_offsets: np.ndarray     # offsets of the kept axes before the index block
+    post_offsets: np.ndarray    # offsets of the kept axes after it
+
+    @property
+    def canonical_shape(self) -> tuple[int, int, int]:
+        return self.pre_offsets.size, int(np.prod(self.block, dtype=np.int64)), self.post_offsets.size
+
+
+def _plan(items: tuple, shape: tuple[int, ...], index_shapes: Sequence[tuple[int, ...]]) -> _Plan:
+    strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
+    lengths, steps, base = list(shape), [1] * len(shape), 0
+    for item in items:
+        if isinstance(item, SliceItem):
+            lengths[item.axis], steps[item.axis] = item.length, item.step
+            base += item.start * strides[item.axis] if item.length else 0
+    axes = tuple(item.axis for item in items if isinstance(item, TensorItem))
+    kept = [d for d in range(len(shape)) if d not in axes]
+    consecutive = axes == tuple(range(axes[0], axes[0] + len(axes)))
+    split = axes[0] if consecutive else 0           # kept axes before the block (numpy's rule)
+
+    def block_offsets(dims: list[int]) -> np.ndarray:
+        return _offsets([lengths[d] for d in dims], [strides[d] * steps[d] for d in dims])
+
+    return _Plan(base, np.array([shape[a] for a in axes], np.int64), np.array([strides[a] for a in axes], np.int64),
+                 axes, np.broadcast_shapes(*index_shapes), block_offsets(kept[:split]), block_offsets(kept[split:]))
+
+
+class _AdvancedRegion:
+    """Plans per input shape (static in a compiled graph, so computed once) and the
+    index check; the three ops differ only in the loop they run."""
+
+    def __init__(self, op):
+        self.op = op
+        self.plans: dict[tuple, _Plan] = {}
+
+    def positions(self, shape: tuple[int, ...], indices: Sequence[np.ndarray]) -> tuple[_Plan, np.ndarray]:
+        key = (shape, *(i.shape for i in indices))
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = _plan(self.op.items, shape, [i.shape for i in indices])
+        if len(indices) == 1 and indices[0].ndim == 1:
+            stacked = indices[0].reshape(1, -1)
+        else:
+            stacked = np.stack([np.broadcast_to(i, plan.block).ravel() for i in indices]).astype(np.int64, copy=False)
+        pos = np.empty(stacked.shape[1], np.int64)
+        if _flat_positions(stacked, plan.sizes, plan.strides, plan.base, pos):
+            self.raise_first_bad(plan, indices)
+        return plan, pos
+
+    def raise_first_bad(self, plan: _Plan, indices: Sequence[np.ndarray]) -> None:
+        for axis, size, index in zip(plan.axes, plan.sizes, indices):
+            values = np.asarray(index, np.int64).ravel()
+            bad = (values < -size) | (values >= size)
+            if bad.any():
+                raise index_error(self.op, int(values[bad][0]), axis, int(size))
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x).reshape(-1)
+
+
+@library_kernel.register
+def _indexing_multi_axis_vec(op: IndexingMultiAxisVec) -> LibraryKernel:
+    region = _AdvancedRegion(op)
+
+    def gather(x: np.ndarray, *indices: np.ndarray, out: np.ndarray) -> None:
+        plan, pos = region.positions(x.shape, indices)
+        _gather(_flat(x), pos, plan.pre_offsets, plan.post_offsets, out.reshape(plan.canonical_shape))
+
+    return gather
+
+
+def _scatter_kernel(op, accumulate: bool) -> LibraryKernel:
+    region = _AdvancedRegion(op)
+
+    def scatter(data: np.ndarray, value: np.ndarray, *indices: np.ndarray, out: np.ndarray) -> None:
+        plan, pos = region.positions(data.shape, indices)     # checks before any write
+        if out is not data:
+            np.copyto(out, data)
+        canonical = np.ascontiguousarray(value).reshape(plan.canonical_shape)
+        _scatter(out.reshape(-1), canonical, pos, plan.pre_offsets, plan.post_offsets, out.size,
+                 numba.get_num_threads(), accumulate)
+
+    return scatter
+
+
+@library_kernel.register
+def _indexing_incr_multi_axis_vec(op: IndexingIncrMultiAxisVec) -> LibraryKernel:
+    return _scatter_kernel(op, accumulate=True)
+
+
+@library_kernel.register
+def _indexing_set_multi_axis_vec(op: IndexingSetMultiAxisVec) -> LibraryKernel:
+    return _scatter_kernel(op, accumulate=False)
+
+
+# -- one-hot indexing --------------------------------------------------------------------------
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _count_outside(index, n):
+    bad = 0
+    for i in prange(index.shape[0]):
+        for j in range(index.shape[1]):
+            if index[i, j] < 0 or index[i, j] >= n:
+                bad += 1
+    return bad
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _one_hot_gather(src, index, out):
+    """out[i, j] = src[i, index[i, j], j] (src viewed as (before, axis, after))."""
+    for i in prange(src.shape[0]):
+        for j in range(src.shape[2]):
+            out[i, j] = src[i, index[i, j], j]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _one_hot_scatter(out, index, sub):
+    """out[i, index[i, j], j] = sub[i, j]: one write per (i, j), so no conflicts."""
+    for i in prange(out.shape[0]):
+        for j in range(out.shape[2]):
+            out[i, index[i, j], j] = sub[i, j]
+
+
+def _one_hot_views(shape: tuple[int, ...], axis: int) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    before = int(np.prod(shape[:axis], dtype=np.int64))
+    after = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    return (before, shape[axis], after), (before, after)
+
+
+def _checked_one_hot_index(op, index: np.ndarray, n: int, plane: tuple[int, int]) -> np.ndarray:
+    """index as a (before, after) array, every value in [0, n) (one-hot indexing never wraps)."""
+    index2 = np.ascontiguousarray(index).reshape(plane)
+    if _count_outside(index2, n):
+        bad = index2[(index2 < 0) | (index2 >= n)][0]
+        raise index_error(op, int(bad), op.axis, n)
+    return index2
+
+
+@library_kernel.register
+def _indexing_one_hot(op: IndexingOneHot) -> LibraryKernel:
+    def one_hot(src: np.ndarray, index: np.ndarray, *, out: np.ndarray) -> None:
+        cube, plane = _one_hot_views(src.shape, op.axis)
+        index2 = _checked_one_hot_index(op, index, cube[1], plane)
+        _one_hot_gather(np.ascontiguousarray(src).reshape(cube), index2, out.reshape(plane))
+
+    return one_hot
+
+
+@library_kernel.register
+def _indexing_set_one_hot(op: IndexingSetOneHot) -> LibraryKernel:
+    def set_one_hot(data: np.ndarray, index: np.ndarray, sub: np.ndarray, *, out: np.ndarray) -> None:
+        cube, plane = _one_hot_views(data.shape, op.axis)
+        index2 = _checked_one_hot_index(op, index, cube[1], plane)
+        if out is not data:
+            np.copyto(out, data)
+        _one_hot_scatter(out.reshape(cube), index2, np.ascontiguousarray(sub).reshape(plane))
+
+    return set_one_hot

@@ -1,0 +1,297 @@
+"""CPU library kernels (backends/numba_cpu/library*.py) against the numpy reference.
+
+Oracle: each op's `reference` (the numpy interpreter every backend is
+checked against), plus plain numpy written here where it is short: `@`
+for the products, `np.add.at` for scatter-add with repeated indices, a
+shifted copy for an integer-translation warp. Shapes are tiny and dtypes
+few, so Numba compiles each loop once or twice. float32 results must agree
+to rtol 1e-5, float64 to rtol 1e-10. A bad index must raise
+IndexOutOfRangeError in this process, before anything is written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradcompiler.backends.numba_cpu.library import library_kernel, run_library_op
+from gradcompiler.errors import IndexOutOfRangeError
+from gradcompiler.ops.indexing import (
+    IndexingIncrMultiAxisVec,
+    IndexingMultiAxisVec,
+    IndexingOneHot,
+    IndexingSetMultiAxisVec,
+    IndexingSetOneHot,
+    IndexItem,
+    SetSubtensor,
+    SliceItem,
+    Subtensor,
+    TensorItem,
+)
+from gradcompiler.ops.linalg import BatchedMatrixMul, MatrixMul
+from gradcompiler.ops.shape import Concat
+from gradcompiler.ops.vision import (
+    WarpAffine,
+    WarpPerspective,
+    WarpPerspectiveBackwardData,
+    WarpPerspectiveBackwardMat,
+)
+
+RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}
+
+
+def assert_matches(op, *inputs, atol=0.0):
+    got = run_library_op(op, *inputs)
+    want = op.reference(*inputs)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=RTOL[got.dtype] if got.dtype.kind == "f" else 0,
+                               atol=atol, equal_nan=True, err_msg=op.describe())
+    return got
+
+
+def randn(rng, shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# -- matrix products ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("transpose_a", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_matrix_mul_2d_all_flags(rng, dtype, transpose_a, transpose_b):
+    a, b = randn(rng, (3, 5), dtype), randn(rng, (5, 4), dtype)
+    a_in = np.ascontiguousarray(a.T) if transpose_a else a
+    b_in = np.ascontiguousarray(b.T) if transpose_b else b
+    got = assert_matches(MatrixMul(transpose_a, transpose_b), a_in, b_in)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=RTOL[np.dtype(dtype)] * 10)
+
+
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_matrix_mul_rows_regime(rng, transpose_b):
+    a = randn(rng, (2, 3, 5))
+    b = randn(rng, (4, 5) if transpose_b else (5, 4))
+    got = assert_matches(MatrixMul(False, transpose_b), a, b)
+    assert got.shape == (2, 3, 4)
+
+
+def test_matrix_mul_flattened_regime(rng):
+    """Regime 3 (a batch of rows reduced into a weight gradient): flat Aᵀ·G and G·Bᵀ."""
+    a, g, b = randn(rng, (2, 3, 5)), randn(rng, (2, 3, 4)), randn(rng, (2, 7, 4))
+    got = assert_matches(MatrixMul(True, False), a, g)
+    np.testing.assert_allclose(got, a.reshape(6, 5).T @ g.reshape(6, 4), rtol=1e-5)
+    got = assert_matches(MatrixMul(False, True), g, b)
+    np.testing.assert_allclose(got, g.reshape(6, 4) @ b.reshape(14, 4).T, rtol=1e-5)
+
+
+def test_matrix_mul_empty_contraction_gives_zeros():
+    got = run_library_op(MatrixMul(), np.ones((3, 0), np.float32), np.ones((0, 2), np.float32))
+    np.testing.assert_array_equal(got, np.zeros((3, 2), np.float32))
+
+
+@pytest.mark.parametrize("flags", [(False, False), (True, True), (False, True)])
+def test_batched_matrix_mul_broadcasts_batches(rng, flags):
+    a = randn(rng, (2, 1, 3, 4) if not flags[0] else (2, 1, 4, 3), np.float64)
+    b = randn(rng, (5, 4, 6) if not flags[1] else (5, 6, 4), np.float64)
+    got = assert_matches(BatchedMatrixMul(*flags), a, b)
+    assert got.shape == (2, 5, 3, 6)
+
+
+# -- regions -----------------------------------------------------------------------------------
+
+def test_concat(rng):
+    parts = [randn(rng, (2, k, 3)) for k in (1, 4, 2)]
+    got = assert_matches(Concat(1), *parts)
+    np.testing.assert_array_equal(got[:, 1:5], parts[1])
+
+
+def test_subtensor_and_set_subtensor(rng):
+    x = randn(rng, (5, 6, 7))
+    items = (SliceItem(0, 4, -2, 2), IndexItem(1, 3), SliceItem(2, 1, 3, 2))
+    got = assert_matches(Subtensor(items), x)
+    np.testing.assert_array_equal(got, x[4:0:-2, 3, 1:7:3])
+    value = randn(rng, got.shape)
+    out = assert_matches(SetSubtensor(items), x, value)
+    np.testing.assert_array_equal(out[4:0:-2, 3, 1:7:3], value)
+
+
+def test_set_subtensor_in_place(rng):
+    """The memory plan may pass the data buffer as `out`."""
+    data, value = randn(rng, (4, 3)), randn(rng, (2, 3))
+    expected = data.copy()
+    expected[1:3] = value
+    library_kernel(SetSubtensor((SliceItem(0, 1, 1, 2),)))(data, value, out=data)
+    np.testing.assert_array_equal(data, expected)
+
+
+# -- advanced indexing -------------------------------------------------------------------------
+
+ADVANCED_CASES = [
+    # items, data shape, index tensors
+    ((TensorItem(0),), (6, 3), [np.array([0, 5, -1, 2, 2, 0])]),
+    ((SliceItem(0, 1, 1, 3), TensorItem(1), TensorItem(2)), (5, 6, 7), [np.array([[0], [5]]), np.array([1, 2, 6])]),
+    ((TensorItem(0), TensorItem(2)), (4, 3, 5), [np.array([1, 2, 3]), np.array(-2, dtype=np.int32)]),
+    ((TensorItem(1),), (3, 4, 2), [np.array([[3, 0], [1, 3]], dtype=np.int32)]),
+    ((TensorItem(0), SliceItem(1, 5, -2, 3), TensorItem(2)), (3, 6, 4), [np.array([2, 0, 2]), np.array([1, 3, 1])]),
+]
+
+
+@pytest.mark.parametrize("items,shape,indices", ADVANCED_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gather(rng, items, shape, indices, dtype):
+    x = randn(rng, shape, dtype)
+    got = assert_matches(IndexingMultiAxisVec(items), x, *indices)
+    key = [slice(None)] * len(shape)
+    for item, idx in zip((i for i in items if isinstance(i, TensorItem)), indices):
+        key[item.axis] = idx
+    for item in items:
+        if isinstance(item, SliceItem):
+            key[item.axis] = item.as_slice()
+    np.testing.assert_array_equal(got, x[tuple(key)])
+
+
+@pytest.mark.parametrize("items,shape,indices", ADVANCED_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scatter_add_accumulates_repeats(rng, items, shape, indices, dtype):
+    """Every case has repeated positions; the result must equal np.add.at's."""
+    data = randn(rng, shape, dtype)
+    op = IndexingIncrMultiAxisVec(items)
+    region = IndexingMultiAxisVec(items).reference(data, *indices)
+    value = randn(rng, region.shape, dtype)
+    got = assert_matches(op, data, value, *indices)
+    grid = np.arange(data.size).reshape(shape)
+    expected = data.copy().reshape(-1)
+    np.add.at(expected, IndexingMultiAxisVec(items).reference(grid, *indices).ravel(), value.ravel())
+    np.testing.assert_array_equal(got.reshape(-1), expected)
+
+
+@pytest.mark.parametrize("items,shape,indices", ADVANCED_CASES)
+def test_set_last_write_wins(rng, items, shape, indices):
+    data = randn(rng, shape)
+    value = randn(rng, IndexingMultiAxisVec(items).reference(data, *indices).shape)
+    assert_matches(IndexingSetMultiAxisVec(items), data, value, *indices)
+
+
+def test_embedding_scatter_in_place_with_many_repeats(rng):
+    table = np.zeros((50, 8), np.float32)
+    idx = rng.integers(0, 50, 3000)
+    g = randn(rng, (3000, 8))
+    library_kernel(IndexingIncrMultiAxisVec((TensorItem(0),)))(table, g, idx, out=table)
+    expected = np.zeros((50, 8), np.float32)
+    np.add.at(expected, idx, g)
+    np.testing.assert_array_equal(table, expected)
+
+
+@pytest.mark.parametrize("op", [IndexingMultiAxisVec((TensorItem(1),)), IndexingIncrMultiAxisVec((TensorItem(1),)),
+                                IndexingSetMultiAxisVec((TensorItem(1),))])
+@pytest.mark.parametrize("bad", [4, -5, 1000])
+def test_advanced_index_out_of_range_raises_before_writing(op, bad):
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    idx = np.array([0, bad, 1])
+    inputs = (data,) if isinstance(op, IndexingMultiAxisVec) else (data, np.ones((3, 3), np.float32))
+    out = np.full((3, 3) if isinstance(op, IndexingMultiAxisVec) else (3, 4), 7.0, np.float32)
+    with pytest.raises(IndexOutOfRangeError, match=rf"{op.name}.*{bad}.*axis 1 of size 4"):
+        library_kernel(op)(*inputs, idx, out=out)
+    assert np.all(out == 7.0)
+
+
+# -- one-hot indexing --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_one_hot_gather_and_set(rng, axis):
+    src = randn(rng, (3, 4, 5))
+    index_shape = src.shape[:axis] + src.shape[axis + 1:]
+    index = rng.integers(0, src.shape[axis], index_shape).astype(np.int32)
+    got = assert_matches(IndexingOneHot(axis), src, index)
+    np.testing.assert_array_equal(got, np.take_along_axis(src, np.expand_dims(index, axis), axis))
+    sub = randn(rng, got.shape)
+    assert_matches(IndexingSetOneHot(axis), src, index, sub)
+
+
+@pytest.mark.parametrize("bad", [-1, 5])
+def test_one_hot_rejects_out_of_range_without_wrapping(bad):
+    src = np.zeros((2, 5), np.float32)
+    index = np.array([1, bad])
+    with pytest.raises(IndexOutOfRangeError, match=rf"IndexingOneHot.*{bad}.*size 5"):
+        run_library_op(IndexingOneHot(1), src, index)
+    out = np.full((2, 5), 3.0, np.float32)
+    with pytest.raises(IndexOutOfRangeError, match="IndexingSetOneHot"):
+        library_kernel(IndexingSetOneHot(1))(src, index, np.ones((2, 1), np.float32), out=out)
+    assert np.all(out == 3.0)
+
+
+# -- warps -------------------------------------------------------------------------------------
+
+MODES = ("replicate", "reflect", "reflect_101", "wrap", "constant")
+
+
+def _images(rng, fmt, n=2, c=3, h=6, w=7):
+    nchw = randn(rng, (n, c, h, w))
+    return nchw if fmt == "NCHW" else np.ascontiguousarray(nchw.transpose(0, 2, 3, 1))
+
+
+def _matrices(rng, n):
+    """Near-identity perspective matrices that push samples well outside a 6×7 image."""
+    m = np.eye(3) + rng.normal(0, 0.15, (n, 3, 3)) * np.array([[1, 1, 4], [1, 1, 4], [0.02, 0.02, 0]])
+    return m.astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("mode", MODES)
+def test_warp_perspective_forward_and_backwards(rng, mode, fmt):
+    src = _images(rng, fmt)
+    mat = _matrices(rng, 3)
+    mat_idx = np.array([1, 0, 1], np.int32)
+    out = assert_matches(WarpPerspective((5, 8), mode, 0.7, fmt), src, mat, mat_idx, atol=1e-6)
+    g = randn(rng, out.shape)
+    assert_matches(WarpPerspectiveBackwardData(src.shape, mode, 0.7, fmt), mat, mat_idx, g, atol=1e-5)
+    assert_matches(WarpPerspectiveBackwardMat(mode, 0.7, fmt), src, mat, mat_idx, g, atol=1e-4)
+    # without mat_idx: one matrix per image
+    assert_matches(WarpPerspective((5, 8), mode, 0.7, fmt), src, mat[:2], atol=1e-6)
+    assert_matches(WarpPerspectiveBackwardData(src.shape, mode, 0.7, fmt), mat[:2], g[:2], atol=1e-5)
+    assert_matches(WarpPerspectiveBackwardMat(mode, 0.7, fmt), src, mat[:2], g[:2], atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("mode", MODES)
+def test_warp_affine(rng, mode, fmt):
+    src = _images(rng, fmt)
+    mat = _matrices(rng, 2)[:, :2, :].copy()
+    assert_matches(WarpAffine((4, 9), mode, -0.5, fmt), src, mat, atol=1e-6)
+
+
+def test_warp_affine_integer_shift_is_a_shifted_copy(rng):
+    """mat = [[1,0,1],[0,1,2]] samples src[h+2, w+1] exactly (op-reference §9.6)."""
+    src = _images(rng, "NCHW", h=8, w=9)
+    mat = np.tile(np.array([[1, 0, 1], [0, 1, 2]], np.float32), (2, 1, 1))
+    out = run_library_op(WarpAffine((6, 8), "constant", 0.0, "NCHW"), src, mat)
+    np.testing.assert_array_equal(out, src[:, :, 2:8, 1:9])
+
+
+def test_warp_non_finite_matrix_matches_reference(rng):
+    """den = 0: border_val (CONSTANT) or NaN (other modes), and no gradient."""
+    src = _images(rng, "NCHW")
+    mat = np.tile(np.eye(3, dtype=np.float32), (2, 1, 1))
+    mat[0, 2] = 0.0
+    for mode in ("constant", "replicate"):
+        out = assert_matches(WarpPerspective((3, 4), mode, 0.25, "NCHW"), src, mat)
+        assert np.isnan(out[0]).all() if mode == "replicate" else (out[0] == 0.25).all()
+        g = randn(rng, out.shape)
+        assert_matches(WarpPerspectiveBackwardMat(mode, 0.25, "NCHW"), src, mat, g, atol=1e-4)
+        assert_matches(WarpPerspectiveBackwardData(src.shape, mode, 0.25, "NCHW"), mat, g, atol=1e-5)
+
+
+def test_warp_float64_forward(rng):
+    src = randn(rng, (1, 2, 5, 6), np.float64)
+    mat = _matrices(rng, 1).astype(np.float64)
+    assert_matches(WarpPerspective((4, 4), "reflect_101", 0.0, "NCHW"), src, mat)
+
+
+def test_warp_mat_idx_out_of_range_raises(rng):
+    src = _images(rng, "NCHW")
+    mat = _matrices(rng, 2)
+    with pytest.raises(IndexOutOfRangeError, match=r"WarpPerspective.*mat_idx value 2.*size 2"):
+        run_library_op(WarpPerspective((3, 3), "replicate", 0.0, "NCHW"), src, mat, np.array([0, 2], np.int32))
+    g = np.ones((2, 3, 3, 3), np.float32)
+    with pytest.raises(IndexOutOfRangeError, match=r"mat_idx value -1"):
+        run_library_op(WarpPerspectiveBackwardData(src.shape, "wrap", 0.0, "NCHW"), mat,
+                       np.array([-1, 0], np.int32), g)
