@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import gradcompiler as gc
-from mlp_training import PARAM_NAMES, build_mlp_step, init_params, teacher_labels
+from mlp_training import PARAM_NAMES, build_mlp_step, class_centres, init_params, make_batch
 
 
 def main(steps: int = 20, batch: int = 256, features: int = 784, hidden: int = 512,
@@ -39,9 +39,9 @@ def main(steps: int = 20, batch: int = 256, features: int = 784, hidden: int = 5
     say(f"3.   compiled for the CPU ({time.perf_counter() - start:.2f} s)")
 
     weights = init_params(rng, features, hidden, classes)
-    teacher = rng.standard_normal((features, classes)).astype(np.float32)
-    x = rng.standard_normal((batch, features)).astype(np.float32)
-    feeds = dict(x=x, labels=teacher_labels(x, teacher), **weights)
+    centres = class_centres(rng, classes, features)
+    x, labels = make_batch(rng, centres, batch)
+    feeds = dict(x=x, labels=labels, **weights)
     compiled = step(**feeds)
     reference = gc.evaluate([loss, *grads], feeds)
     error = max(float(np.max(np.abs(c - r)) / (np.max(np.abs(r)) + 1e-30))
@@ -51,8 +51,8 @@ def main(steps: int = 20, batch: int = 256, features: int = 784, hidden: int = 5
 
     losses = []
     for i in range(steps):
-        x = rng.standard_normal((batch, features)).astype(np.float32)
-        loss_value, *grad_values = step(x=x, labels=teacher_labels(x, teacher), **weights)
+        x, labels = make_batch(rng, centres, batch)
+        loss_value, *grad_values = step(x=x, labels=labels, **weights)
         for name, g in zip(PARAM_NAMES, grad_values):
             weights[name] -= lr * g
         losses.append(float(loss_value))
