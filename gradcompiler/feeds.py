@@ -2,9 +2,9 @@
 
 A feed is checked before anything runs: a missing or unexpected name, a
 wrong shape or a wrong dtype is a `FeedError` naming the feed and both the
-expected and the given type. Non-contiguous arrays are copied (never read
-with the wrong strides); read-only arrays are fine, since feeds are never
-written.
+expected and the given type. Non-contiguous arrays and arrays of the right
+dtype in the other byte order are copied (never read with the wrong strides
+or bytes); read-only arrays are fine, since feeds are never written.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def validate_feeds(
         value = feeds[name]
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
         want = node.type
+        if array.dtype != want.dtype and array.dtype.newbyteorder("=") == want.dtype:
+            array = array.astype(want.dtype)  # big-endian float32 is still float32
         if array.dtype != want.dtype:
             raise FeedError(
                 f"feed '{name}' has dtype {array.dtype.name}, expected {want.dtype.name}; "
