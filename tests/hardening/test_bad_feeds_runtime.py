@@ -1,0 +1,351 @@
+"""Bad input at run time (issue 8, part 1): feeds, index values and warp matrices.
+
+Every check runs on the reference interpreter and on the compiled CPU and
+CUDA (simulator) targets, in this very process: an index the compiled code
+did not check before its kernel ran would read or write outside a buffer,
+which is a segfault or silent memory corruption, not an exception. So each
+out-of-range test also runs the same executable again with good feeds and
+compares against numpy, to show that nothing was corrupted.
+
+Feeds that are merely unusual (non-contiguous, read-only, other byte order,
+0-d) are not errors: they give the right answer, and are never written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gradcompiler as gc
+from gradcompiler.errors import BackendUnavailableError, FeedError, IndexOutOfRangeError
+
+TARGETS = ["reference", "cpu", "cuda"]
+
+
+class Program:
+    """One graph, runnable by the reference interpreter or compiled (once) for a target."""
+
+    def __init__(self, outputs, target: str):
+        self.outputs = outputs
+        self.target = target
+        if target == "reference":
+            self.step = lambda **feeds: gc.evaluate(outputs, feeds)
+        else:
+            try:
+                self.step = gc.compile(outputs, target=target)
+            except BackendUnavailableError as err:
+                pytest.skip(f"{target}: {err}")
+
+    def __call__(self, **feeds):
+        return self.step(**feeds)
+
+
+_PROGRAMS: dict[tuple[str, str], Program] = {}
+
+
+def program(name: str, target: str) -> Program:
+    """The program `name` (a builder below) for `target`, compiled once per session."""
+    key = (name, target)
+    if key not in _PROGRAMS:
+        _PROGRAMS[key] = Program(BUILDERS[name](), target)
+    return _PROGRAMS[key]
+
+
+# -- the graphs --------------------------------------------------------------------------------
+
+def build_gather():
+    """y = x[idx] (a run-time index) and its gradient, a scatter-add of 2·y."""
+    with gc.Graph("gather"):
+        x = gc.param("x", (4, 3))
+        idx = gc.input("idx", (2,), "int32")
+        y = x[idx]
+        dx = gc.grad((y * y).sum(), x)
+    return [y, dx]
+
+
+def build_scatter():
+    """index_add and index_update at run-time positions along axis 1."""
+    with gc.Graph("scatter"):
+        x = gc.param("x", (2, 4))
+        pos = gc.input("pos", (3,), "int64")
+        v = gc.param("v", (2, 3))
+        added = gc.index_add(x, (slice(None), pos), v)
+        updated = gc.index_update(x, (slice(None), pos), v * 2.0)
+    return [added, updated]
+
+
+def build_one_hot():
+    with gc.Graph("one_hot"):
+        x = gc.param("x", (3, 4))
+        labels = gc.input("labels", (3,), "int32")
+        picked = gc.indexing_one_hot(x, labels, axis=1)
+        placed = gc.indexing_set_one_hot(x, labels, picked * 10.0, axis=1)
+        dx = gc.grad(picked.sum(), x)
+    return [picked, placed, dx]
+
+
+def build_warp_with_mat_idx():
+    with gc.Graph("warp_mat_idx"):
+        src = gc.param("src", (2, 1, 3, 3))
+        mat = gc.param("mat", (3, 3, 3))
+        mat_idx = gc.input("mat_idx", (3,), "int32")
+        out = gc.warp_perspective(src, mat, (2, 2), mat_idx)
+    return [out]
+
+
+def build_warp_affine():
+    """A warp and both its gradients: NaN/Inf/huge matrices must not index outside `src`."""
+    with gc.Graph("warp_affine"):
+        src = gc.param("src", (1, 3, 3, 1))
+        mat = gc.param("mat", (1, 2, 3))
+        out = gc.warp_affine(src, mat, (2, 2), "reflect")
+        dsrc, dmat = gc.grad((out * out).sum(), [src, mat])
+    return [out, dsrc, dmat]
+
+
+def build_warp_constant():
+    with gc.Graph("warp_constant"):
+        src = gc.param("src", (1, 1, 3, 3))
+        mat = gc.param("mat", (1, 3, 3))
+        out = gc.warp_perspective(src, mat, (2, 2), border_mode="constant", border_val=0.5)
+        dsrc = gc.grad(out.sum(), src)
+    return [out, dsrc]
+
+
+BUILDERS = {f.__name__.removeprefix("build_"): f for f in (
+    build_gather, build_scatter, build_one_hot, build_warp_with_mat_idx, build_warp_affine,
+    build_warp_constant)}
+
+X43 = np.arange(12, dtype=np.float32).reshape(4, 3)
+
+
+def gather_oracle(x: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    y = x[idx]
+    dx = np.zeros_like(x)
+    np.add.at(dx, idx, 2 * y)
+    return y, dx
+
+
+def assert_gather_works(step, idx) -> None:
+    idx = np.asarray(idx, np.int32)
+    y, dx = step(x=X43, idx=idx)
+    want_y, want_dx = gather_oracle(X43, idx)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(dx, want_dx)
+
+
+# -- feeds ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_missing_and_extra_feeds(target):
+    step = program("gather", target)
+    with pytest.raises(FeedError, match=r"missing feed\(s\) \['idx'\].*needs \['idx', 'x'\]"):
+        step(x=X43)
+    with pytest.raises(FeedError, match=r"unexpected feed\(s\) \['idz'\].*takes \['idx', 'x'\]"):
+        step(x=X43, idx=np.array([0, 1], np.int32), idz=np.array([0, 1], np.int32))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("feeds, message", [
+    (dict(x=X43.T), r"feed 'x' has shape \(3, 4\), expected \(4, 3\)"),
+    (dict(x=X43[None]), r"feed 'x' has shape \(1, 4, 3\), expected \(4, 3\)"),
+    (dict(idx=np.array([0, 1, 2], np.int32)), r"feed 'idx' has shape \(3,\), expected \(2,\)"),
+    (dict(x=X43.astype(np.float64)), r"feed 'x' has dtype float64, expected float32"),
+    (dict(idx=np.array([0, 1], np.int64)), r"feed 'idx' has dtype int64, expected int32"),
+    (dict(idx=np.array([0.0, np.nan])), r"feed 'idx' has dtype float64, expected int32"),
+    (dict(idx=np.array([0.0, 1.0], np.float32)), r"feed 'idx' has dtype float32, expected int32"),
+    (dict(idx=[0, 1]), r"feed 'idx' has dtype int64, expected int32"),
+    (dict(idx=None), r"feed 'idx' has dtype object, expected int32"),
+    (dict(x="weights"), r"feed 'x' has dtype str\d*, expected float32"),
+], ids=["transposed", "extra-axis", "index-shape", "float64", "int64-index", "nan-index",
+        "float-index", "list", "none", "string"])
+def test_wrong_shape_or_dtype_is_refused_before_anything_runs(target, feeds, message):
+    step = program("gather", target)
+    with pytest.raises(FeedError, match=message):
+        step(**{"x": X43, "idx": np.array([0, 1], np.int32), **feeds})
+    assert_gather_works(step, [3, 1])
+
+
+def unusual_layouts():
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    read_only = X43.copy()
+    read_only.setflags(write=False)
+    return {
+        "fortran": np.asfortranarray(X43),
+        "transposed-view": np.ascontiguousarray(X43.T).T,
+        "strided": base[:, ::2],
+        "negative-stride": X43[::-1][::-1],
+        "read-only": read_only,
+        "big-endian": X43.astype(">f4"),
+    }
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("layout", list(unusual_layouts()))
+def test_unusual_but_valid_feeds_give_the_right_answer_and_stay_untouched(target, layout):
+    x = unusual_layouts()[layout]
+    idx = np.array([2, 0], np.int32)
+    idx.setflags(write=False)
+    before = x.copy()
+    step = program("gather", target)
+    y, dx = step(x=x, idx=idx)
+    want_y, want_dx = gather_oracle(np.asarray(x, np.float32), idx)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(dx, want_dx)
+    np.testing.assert_array_equal(x, before)
+    np.testing.assert_array_equal(idx, [2, 0])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_feeds_are_never_written(target):
+    """Outputs that could reuse a feed's memory (x + 1 in place) must not: the caller owns it."""
+    with gc.Graph("no_write"):
+        x = gc.param("x", (3,))
+        y = gc.exp(x) + 1.0
+    step = Program([y, x * 2.0], target)
+    x_value = np.array([0.0, 1.0, -1.0], np.float32)
+    got_y, got_double = step(x=x_value)
+    np.testing.assert_allclose(got_y, np.exp(np.array([0.0, 1.0, -1.0])) + 1, rtol=1e-6)
+    np.testing.assert_array_equal(got_double, [0.0, 2.0, -2.0])
+    np.testing.assert_array_equal(x_value, [0.0, 1.0, -1.0])
+
+
+# -- index values ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("idx, bad", [
+    ([4, 0], 4), ([0, -5], -5), ([2**31 - 1, 0], 2**31 - 1), ([-2**31, 1], -2**31),
+])
+def test_gather_index_out_of_range(target, idx, bad):
+    step = program("gather", target)
+    with pytest.raises(IndexOutOfRangeError, match=rf"IndexingMultiAxisVec: index value {bad} .*size 4"):
+        step(x=X43, idx=np.array(idx, np.int32))
+    assert_gather_works(step, [-1, -4])  # negative indices wrap once, as in numpy
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("pos", [[0, 4, 1], [0, -5, 1], [2**40, 0, 0], [0, 0, -2**40]])
+def test_scatter_index_out_of_range(target, pos):
+    step = program("scatter", target)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    v = np.arange(6, dtype=np.float32).reshape(2, 3) + 10
+    with pytest.raises(IndexOutOfRangeError, match=r"index value -?\d+ .*axis 1 of size 4"):
+        step(x=x, pos=np.array(pos, np.int64), v=v)
+    good = np.array([3, -1, 0], np.int64)  # -1 wraps to 3: a repeated position
+    added, updated = step(x=x, pos=good, v=v)
+    want_added = x.copy()
+    np.add.at(want_added, (slice(None), good), v)
+    want_updated = x.copy()
+    want_updated[:, [3, 0]] = 2 * v[:, [1, 2]]  # the last write to position 3 wins
+    np.testing.assert_array_equal(added, want_added)
+    np.testing.assert_array_equal(updated, want_updated)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("labels, bad", [([0, 4, 1], 4), ([0, -1, 1], -1), ([2**31 - 1, 0, 0], 2**31 - 1)])
+def test_one_hot_index_out_of_range_and_negative(target, labels, bad):
+    """One-hot indexing does not wrap negatives (op-reference §8.1): -1 is an error."""
+    step = program("one_hot", target)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with pytest.raises(IndexOutOfRangeError, match=rf"IndexingOneHot: index value {bad} "):
+        step(x=x, labels=np.array(labels, np.int32))
+    good = np.array([3, 0, 2], np.int32)
+    picked, placed, dx = step(x=x, labels=good)
+    rows = np.arange(3)
+    np.testing.assert_array_equal(picked, x[rows, good])
+    want_placed = x.copy()
+    want_placed[rows, good] = 10 * x[rows, good]
+    np.testing.assert_array_equal(placed, want_placed)
+    want_dx = np.zeros_like(x)
+    want_dx[rows, good] = 1
+    np.testing.assert_array_equal(dx, want_dx)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mat_idx, bad", [([0, 2, 1], 2), ([0, -1, 1], -1)])
+def test_warp_mat_idx_out_of_range(target, mat_idx, bad):
+    step = program("warp_with_mat_idx", target)
+    src = np.arange(18, dtype=np.float32).reshape(2, 1, 3, 3)
+    shift = np.array([[1, 0, 1], [0, 1, 0], [0, 0, 1]], np.float32)  # out[h, w] = src[h, w + 1]
+    mat = np.stack([shift] * 3)
+    with pytest.raises(IndexOutOfRangeError, match=rf"WarpPerspective: mat_idx value {bad} is (outside \[0, 2\)|out of range .*size 2)"):
+        step(src=src, mat=mat, mat_idx=np.array(mat_idx, np.int32))
+    (out,) = step(src=src, mat=mat, mat_idx=np.array([1, 0, 1], np.int32))
+    np.testing.assert_allclose(out, src[[1, 0, 1]][:, :, :2, 1:3], rtol=1e-6)
+
+
+# -- non-finite and huge warp matrices ------------------------------------------------------------
+
+NON_FINITE = {
+    "nan-scale": [[np.nan, 0, 0], [0, 1, 0]],
+    "inf-shift": [[1, 0, np.inf], [0, 1, 0]],
+    "minus-inf": [[1, 0, 0], [0, -np.inf, 0]],
+    "huge": [[1e30, 0, 0], [0, 1e30, 0]],
+    "far-away": [[1, 0, -1e10], [0, 1, 3e9]],
+    "beyond-int32": [[1, 0, 2.5e9], [0, 1, -2.5e9]],
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(NON_FINITE))
+def test_warp_matrix_with_non_finite_or_huge_values(target, name):
+    """Coordinates that are not finite, or too large for an integer, must not turn into a
+    memory address: the result is the documented one (NaN outside CONSTANT mode; far
+    coordinates reflect), computed here by an independent per-pixel loop."""
+    mat = np.array([NON_FINITE[name]], np.float32)
+    src = np.arange(9, dtype=np.float32).reshape(1, 3, 3, 1)
+    out, dsrc, dmat = program("warp_affine", target)(src=src, mat=mat)
+    want = reflect_warp_oracle(src[0, :, :, 0], mat[0].astype(np.float64), (2, 2))
+    np.testing.assert_allclose(out[0, :, :, 0], want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    ref_out, ref_dsrc, ref_dmat = program("warp_affine", "reference")(src=src, mat=mat)
+    np.testing.assert_allclose(dsrc, ref_dsrc, rtol=1e-5, atol=1e-5, equal_nan=True)
+    np.testing.assert_allclose(dmat, ref_dmat, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+BAD_PERSPECTIVE = {
+    "nan-shift": [[1, 0, np.nan], [0, 1, 0], [0, 0, 1]],
+    "zero-denominator": [[1, 0, 0], [0, 1, 0], [0, 0, 0]],
+    "inf-denominator": [[1, 0, 0], [0, 1, 0], [0, 0, np.inf]],
+    "huge-shift": [[1, 0, 1e30], [0, 1, -1e30], [0, 0, 1]],
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(BAD_PERSPECTIVE))
+def test_constant_border_turns_bad_coordinates_into_border_val(target, name):
+    """CONSTANT mode: a non-finite pixel is border_val, and no gradient flows from it (§9.2)."""
+    mat = np.array([BAD_PERSPECTIVE[name]], np.float32)
+    src = np.arange(9, dtype=np.float32).reshape(1, 1, 3, 3)
+    out, dsrc = program("warp_constant", target)(src=src, mat=mat)
+    ref_out, ref_dsrc = program("warp_constant", "reference")(src=src, mat=mat)
+    assert np.isfinite(out).all() and np.isfinite(dsrc).all()
+    np.testing.assert_allclose(out, ref_out, rtol=1e-6)
+    np.testing.assert_allclose(dsrc, ref_dsrc, rtol=1e-6)
+
+
+def reflect_warp_oracle(image: np.ndarray, m: np.ndarray, out_hw) -> np.ndarray:
+    """Per-pixel bilinear warp with the REFLECT border (op-reference §9.2), NaN for a
+    non-finite coordinate; taps far outside are folded with Python integers (no overflow)."""
+    h, w = image.shape
+
+    def fold(p: int, n: int) -> int:
+        p %= 2 * n
+        return p if p < n else 2 * n - 1 - p
+
+    out = np.empty(out_hw)
+    for oh in range(out_hw[0]):
+        for ow in range(out_hw[1]):
+            with np.errstate(all="ignore"):
+                xs = np.float32(m[0, 0] * ow + m[0, 1] * oh + m[0, 2])
+                ys = np.float32(m[1, 0] * ow + m[1, 1] * oh + m[1, 2])
+            if not (np.isfinite(xs) and np.isfinite(ys)):
+                out[oh, ow] = np.nan
+                continue
+            x0, y0 = int(np.floor(xs)), int(np.floor(ys))
+            ax, ay = float(xs) - x0, float(ys) - y0
+            value = 0.0
+            for dy, wy in ((0, 1 - ay), (1, ay)):
+                for dx, wx in ((0, 1 - ax), (1, ax)):
+                    value += wy * wx * image[fold(y0 + dy, h), fold(x0 + dx, w)]
+            out[oh, ow] = value
+    return out
