@@ -35,7 +35,7 @@ def require_cuda() -> ModuleType:
     if simulator_active(cuda):
         return cuda
     if not cuda.is_available():
-        reason = cuda.cuda_error() or "no CUDA device found"
+        reason = " ".join(str(cuda.cuda_error() or "no CUDA device found").split())
         hint = SIMULATOR_HINT
         if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
             hint = ("NUMBA_ENABLE_CUDASIM is set, but numba.cuda had been imported before it was; "

@@ -25,8 +25,9 @@ kernel's structure:
   every row, so a reduction over axis 0 with kept axes (a column sum)
   accumulates straight into its block's partial row. Reductions to one
   value per row use a shared-memory tree (finished by warp shuffles on a
-  GPU). A reduction whose reduced inner axes disagree with the phase's
-  choice falls back to atomics (SUM, MAX, MIN).
+  GPU). When two reductions of one phase keep different inner axes, no
+  split suits both: that phase walks each row with one thread, which
+  read-modify-writes every target (rare, and never racy).
 * **scalar** (a 0-d domain): one thread.
 
 Partials of reductions over axis 0 are folded by
@@ -55,7 +56,6 @@ _COMBINE = {
     "MAX": "{a} if {a} >= {b} or {a} != {a} else {b}",  # NaN wins, as in numpy's max
     "MIN": "{a} if {a} <= {b} or {a} != {a} else {b}",
 }
-_ATOMIC = {"SUM": "add", "MAX": "max", "MIN": "min"}
 _MATH_MODULE = Path(__file__).with_name("cuda_math.py")
 
 
@@ -112,7 +112,7 @@ class _Plan:
     dtype: np.dtype
     phase: int
     kept: tuple[int, ...]  # kept domain axes
-    way: str  # tree (one value per row or per domain) | owned (one thread per element) | atomic
+    way: str  # tree (one value per row or per domain) | owned (one thread per element) | rmw (one thread per row)
 
     @property
     def crosses(self) -> bool:
@@ -132,22 +132,18 @@ class _Writer:
         self.serial: list[tuple[int, ...]] = []
         self.plans: list[_Plan] = []
         for p, phase in enumerate(kernel.phases):
-            serial = None
+            # the reduced inner axes of each reduction that keeps an inner axis: they must be serial
+            needs = {tuple(k for k in inner if k in red.axes) for red in phase.reductions
+                     if self.layout == "rows" and any(k not in red.axes for k in inner)}
+            serial = next(iter(needs)) if len(needs) == 1 else (inner if needs else ())
             for red in phase.reductions:
                 kept = tuple(k for k in range(self.rank) if k not in red.axes)
-                inner_kept = tuple(k for k in kept if k != 0)
-                if not inner_kept or self.layout != "rows":
+                if self.layout != "rows" or kept in ((), (0,)):
                     way = "tree"
                 else:
-                    reduced_inner = tuple(k for k in inner if k in red.axes)
-                    serial = reduced_inner if serial is None else serial
-                    way = "owned" if reduced_inner == serial else "atomic"
-                    if way == "atomic" and red.mode not in _ATOMIC:
-                        raise NotImplementedError(
-                            f"the CUDA backend cannot combine a {red.mode} reduction over axes {red.axes} "
-                            f"with another over different axes in one phase of a kernel over {kernel.domain}")
+                    way = "owned" if len(needs) == 1 else "rmw"
                 self.plans.append(_Plan(len(self.plans), red, self.dtype[red.var], p, kept, way))
-            self.serial.append(serial or ())
+            self.serial.append(serial)
 
     def _layout(self) -> str:
         kernel = self.kernel
@@ -163,32 +159,24 @@ class _Writer:
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
 
-    def _ref(self, param: int, flat: Index) -> tuple[str, str]:
-        """(array, offset) of element `flat` of parameter `param` (a row: within this block's row)."""
+    def _at(self, param: int, flat: Index) -> str:
+        """Element `flat` of parameter `param` (a row parameter: within this block's row)."""
         spec = self.kernel.params[param]
         offset = flat.render(self.names)
-        return f"p{param}", f"slot * {spec.size} + {offset}" if spec.role == "row" else offset
-
-    def _at(self, param: int, flat: Index) -> str:
-        array, offset = self._ref(param, flat)
-        return f"{array}[{offset}]"
+        return f"p{param}[slot * {spec.size} + {offset}]" if spec.role == "row" else f"p{param}[{offset}]"
 
     def _kept_flat(self, axes: tuple[int, ...]) -> Index:
         index = domain_index(self.kernel.domain)
         return ravel([index[k] for k in axes], [self.kernel.domain[k] for k in axes])
 
-    def _target_ref(self, plan: _Plan) -> tuple[str, str]:
-        """(array, offset) where reduction `plan` stores its value (crossing: its block's partial row)."""
+    def _target(self, plan: _Plan) -> str:
+        """Where reduction `plan` stores its value (a crossing one: its block's partial row)."""
         if plan.crosses:
             inner = tuple(k for k in plan.kept if k != 0)
-            return f"q{plan.index}", f"slot * {self._size(inner)} + {self._kept_flat(inner).render(self.names)}"
+            return f"q{plan.index}[slot * {self._size(inner)} + {self._kept_flat(inner).render(self.names)}]"
         spec = self.kernel.params[plan.red.param]
         axes = tuple(k for k in plan.kept if k != 0) if spec.role == "row" else plan.kept
-        return self._ref(plan.red.param, self._kept_flat(axes))
-
-    def _target(self, plan: _Plan) -> str:
-        array, offset = self._target_ref(plan)
-        return f"{array}[{offset}]"
+        return self._at(plan.red.param, self._kept_flat(axes))
 
     def _size(self, axes) -> int:
         return int(np.prod([self.kernel.domain[k] for k in axes], dtype=np.int64))
@@ -310,10 +298,10 @@ class _Writer:
         mine = [plan for plan in self.plans if plan.phase == p]
         serial = self.serial[p]
         parallel = tuple(k for k in range(1, self.rank) if k not in serial)
-        atomic = [plan for plan in mine if plan.way == "atomic" and not plan.crosses]
-        for plan in atomic:  # row i0's slice of the target starts at the identity
+        rmw = [plan for plan in mine if plan.way == "rmw" and not plan.crosses]
+        for plan in rmw:  # row i0's slice of the target starts at the identity
             self._row_slice(depth, plan, "{t} = " + init_value(plan.red.mode, plan.dtype))
-        if atomic:
+        if rmw:
             self.emit(depth, "cuda.syncthreads()")
         for plan in mine:
             if plan.way == "tree" and not plan.crosses:
@@ -332,9 +320,9 @@ class _Writer:
         self._stores(body, p)
         for plan in mine:
             value = f"v{plan.red.var}"
-            if plan.way == "atomic":
-                array, offset = self._target_ref(plan)
-                self.emit(body, f"cuda.atomic.{_ATOMIC[plan.red.mode]}({array}, {offset}, {value})")
+            if plan.way == "rmw":
+                target = self._target(plan)
+                self.emit(body, f"{target} = {self._combine(plan, target, value)}")
             else:
                 register = "c" if plan.crosses and plan.way == "tree" else "a"
                 self.emit(body, f"{register}{plan.index} = {self._combine(plan, f'{register}{plan.index}', value)}")
@@ -352,7 +340,7 @@ class _Writer:
                 if plan.red.param is not None:
                     self.emit(depth, "if t == 0:")
                     self.emit(depth + 1, f"{self._target(plan)} = r{plan.index}")
-        divided = [plan for plan in atomic if plan.red.divisor is not None]
+        divided = [plan for plan in rmw if plan.red.divisor is not None]
         if divided:
             self.emit(depth, "cuda.syncthreads()")
             for plan in divided:
