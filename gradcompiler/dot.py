@@ -202,8 +202,8 @@ def _add_fusion_groups(pydot, clusters, graph: Graph, plan, ids: set[int], outpu
         materialised = set(group.outputs)
         for i in members:
             node = _node(pydot, graph[i], i in outputs)
-            if i not in materialised:
-                node.set("style", "dashed")  # lives in registers only, never in memory
+            if i not in materialised:  # lives in registers only, never in memory
+                node.set("style", ",".join(filter(None, (node.get("style"), "dashed"))))
             cluster.add_node(node)
         clusters[owner].add_subgraph(cluster)
         grouped.update(members)

@@ -1,18 +1,134 @@
 """The text of `step.report()`: what the compiler did to a graph, in words.
 
     format_report(executable) -> str
+
+Sections, each read from what the executable exposes (nothing is measured
+again here): the passes (`passes.pipeline.format_stats`: nodes before and
+after, rewrites by kind, bytes saved), the kernels (`executable.kernels`:
+name, iteration space, fused ops, bytes moved, FLOPs, how it was compiled),
+the captures (`memory.captures`: the forward values kept alive for the
+backward, with their sizes), the memory plan (peak against the unfused
+op-by-op peak), and the compile (seconds per stage, cache hits).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any, Sequence
+
+import numpy as np
+
+from passes.pipeline import format_stats
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+_COUNT_PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+SECTIONS = ("passes", "kernels", "captures", "memory", "compile")
 
 
 def format_bytes(nbytes: int) -> str:
     """`1536` → `1.5 KiB`: binary units, exact below one KiB."""
     value = float(nbytes)
-    for unit in _UNITS:
-        if abs(value) < 1024 or unit == _UNITS[-1]:
+    for unit in _UNITS[:-1]:
+        if abs(value) < 1024:
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    raise AssertionError("unreachable")
+    return f"{value:.1f} {_UNITS[-1]}"
+
+
+def format_count(count: float) -> str:
+    """`1_250_000` → `1.25 M`: decimal prefixes, exact below a thousand."""
+    for scale, prefix in _COUNT_PREFIXES:
+        if abs(count) >= scale:
+            return f"{count / scale:.3g} {prefix}"
+    return f"{int(count)}"
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Columns padded to their widest cell; the last column is left ragged."""
+    widths = [max(len(str(r[c])) for r in [header, *rows]) for c in range(len(header) - 1)]
+    return [indent + "  ".join([*(str(cell).ljust(w) for cell, w in zip(row, widths)), str(row[-1])]).rstrip()
+            for row in [header, *rows]]
+
+
+def fused_ops(ops: Sequence[str]) -> str:
+    """`[ADD, TANH, ADD]` → `ADD ×2, TANH`: each op once, in first-seen order."""
+    counts = Counter(ops)
+    return ", ".join(op if counts[op] == 1 else f"{op} ×{counts[op]}" for op in dict.fromkeys(ops))
+
+
+def _section(title: str, lines: list[str]) -> list[str]:
+    return ["", f"== {title} ==", *lines]
+
+
+def _passes(executable: Any) -> list[str]:
+    return ["  " + line for line in format_stats(executable.context).splitlines()]
+
+
+def _kernels(executable: Any) -> list[str]:
+    kernels = executable.kernels
+    loops = [k for k in kernels if k.kind == "loop"]
+    distinct = {k.module for k in loops}
+    rows = []
+    for k in kernels:
+        if k.kind == "loop":
+            built = ("cache" if k.from_cache else f"{k.compile_seconds:.2f} s") + \
+                (" parallel" if k.parallel else "")
+        else:
+            built = "library"
+        rows.append([k.name, k.kind, "×".join(map(str, k.space)) or "scalar",
+                     format_bytes(k.bytes_moved), format_count(k.flops), built, fused_ops(k.ops)])
+    rows.append(["total", "", "", format_bytes(sum(k.bytes_moved for k in kernels)),
+                 format_count(sum(k.flops for k in kernels)), "", ""])
+    summary = (f"  {len(kernels)} steps: {len(loops)} fused loops ({len(distinct)} distinct kernels), "
+               f"{len(kernels) - len(loops)} library calls")
+    header = ["name", "kind", "iteration space", "bytes moved", "FLOPs", "built", "fused ops"]
+    return [summary, *format_table(header, rows)]
+
+
+def _captures(executable: Any) -> list[str]:
+    memory, graph = executable.context.memory, executable.graph
+    lines = [f"  {len(memory.captures)} forward values kept for the backward, "
+             f"{format_bytes(memory.capture_bytes)} in all"]
+    rows = []
+    for node_id, shape, dtype, nbytes in memory.captures:
+        node = graph[node_id]
+        rows.append([f"%{node_id}", repr(node.name) if node.name else "", node.op.label,
+                     f"{np.dtype(dtype).name}{list(shape)}", format_bytes(nbytes)])
+    if rows:
+        lines += format_table(["value", "name", "op", "type", "size"], rows)
+    return lines
+
+
+def _memory(executable: Any) -> list[str]:
+    memory = executable.context.memory
+    peak, unfused = memory.peak_bytes, memory.unfused_peak_bytes
+    change = f"{100 * (unfused - peak) / unfused:.0f}% less" if unfused else "no values"
+    return [
+        f"  peak {format_bytes(peak)}, unfused op-by-op peak {format_bytes(unfused)} ({change})",
+        f"  arena {format_bytes(memory.arena_bytes)}: {len(memory.buffer_sizes)} buffers for "
+        f"{len(memory.lifetimes)} materialised values, {memory.in_place} written in place",
+    ]
+
+
+def _compile(executable: Any) -> list[str]:
+    timings = executable.timings
+    stages = ", ".join(f"{stage} {seconds:.3f} s" for stage, seconds in timings.items())
+    distinct = {k.module: k for k in executable.kernels if k.kind == "loop"}.values()
+    hits = sum(k.from_cache for k in distinct)
+    compiled = [k for k in distinct if not k.from_cache]
+    return [
+        f"  {stages} (total {sum(timings.values()):.3f} s)",
+        f"  cache: {hits} of {len(distinct)} distinct kernels loaded from the on-disk cache, "
+        f"{len(compiled)} compiled by Numba ({sum(k.compile_seconds for k in compiled):.2f} s)",
+    ]
+
+
+def format_report(executable: Any) -> str:
+    """The whole report of a compiled step: one titled section per entry of SECTIONS."""
+    graph, stats = executable.graph, executable.context.stats
+    before = stats[0].nodes_before if stats else len(graph)
+    lines = [f"compiled step of graph '{graph.name}': {before} nodes before the passes, "
+             f"{len(graph)} after, {len(graph.outputs)} outputs"]
+    for title, section in zip(SECTIONS, (_passes, _kernels, _captures, _memory, _compile)):
+        lines += _section(title, section(executable))
+    return "\n".join(lines)
