@@ -26,17 +26,18 @@ import numpy as np
 
 from passes.fuse import run as fuse_pass
 from passes.lower import lower
-from passes.pipeline import DEFAULT_PIPELINE, Pass, format_stats, optimize, run_pass
+from passes.pipeline import DEFAULT_PIPELINE, Pass, debug_from_env, format_stats, optimize, run_pass
 from passes.memory import run as memory_pass
 
 from .backends import require_target
-from .errors import FeedError, GraphError
+from .errors import FeedError, GraphError, NonFiniteError
 from .feeds import validate_feeds
 from .frontend.tensor import Tensor
 from .ir import Graph, Node, call_site
 from .kernel import KernelStep, LibraryStep, Program
 from .ops.linalg import BatchedMatrixMul, MatrixMul
 from .ops.source import Placeholder
+from .reference import first_non_finite
 
 
 @dataclass
@@ -60,14 +61,19 @@ def _describe(node: Node) -> str:
     return f"%{node.id}{name} {node.op.label} at {node.site}"
 
 
+def _forward_label(graph: Graph, node: Node) -> str:
+    """The user's op behind `node`: itself, or for a backward node the forward op it differentiates."""
+    origin = graph[node.origin] if node.origin is not None and node.origin in graph else None
+    return _describe(origin) + " (backward)" if origin is not None and node.role == "backward" else _describe(node)
+
+
+def _step_nodes(step) -> tuple[int, ...]:
+    return step.nodes if isinstance(step, KernelStep) else (step.node,)
+
+
 def _step_label(graph: Graph, step) -> str:
     """Kernel name and the forward op each output comes from (for NonFiniteError)."""
-    nodes = [graph[n] for n in (step.nodes if isinstance(step, KernelStep) else (step.node,))]
-    forward = []
-    for node in nodes:
-        origin = graph[node.origin] if node.origin is not None and node.origin in graph else None
-        forward.append(_describe(origin) + " (backward)" if origin is not None and node.role == "backward"
-                       else _describe(node))
+    forward = [_forward_label(graph, graph[n]) for n in _step_nodes(step)]
     return f"kernel {step.name}, computing {'; '.join(dict.fromkeys(forward[-3:]))}"
 
 
@@ -134,7 +140,10 @@ class Executable:
 
     def __call__(self, out: Sequence[np.ndarray] | np.ndarray | None = None, **feeds: Any):
         arrays = validate_feeds(self._placeholders, feeds, ignorable=self._feed_names)
-        self._runner.run(arrays)
+        try:
+            self._runner.run(arrays)
+        except NonFiniteError as err:
+            raise self._located(err, arrays) from None
         values = [self._runner.output(b, arrays) for b in self.program.outputs]
         if out is None:
             results = [v.copy() for v in values]
@@ -155,6 +164,16 @@ class Executable:
         for target, value in zip(targets, values):
             np.copyto(target, value)
         return targets
+
+    def _located(self, err: NonFiniteError, feeds: dict[str, np.ndarray]) -> NonFiniteError:
+        """`err` (debug mode) naming the op where the reference sees the first NaN or Inf born:
+        a fused kernel's output alone cannot tell which of its ops made it."""
+        rank = {n: i for i, n in enumerate(self.graph.topo_order())}
+        order = [n for step in self.program.steps for n in sorted(_step_nodes(step), key=rank.__getitem__)]
+        node = first_non_finite(self.graph, order, {k: v for k, v in feeds.items() if k in self.graph.feed_names})
+        if node is None:
+            return err
+        return NonFiniteError(f"{err}; the first non-finite value comes from {_forward_label(self.graph, node)}")
 
     def source(self) -> str:
         """Every generated module of this executable: the distinct kernels, then the driver."""
@@ -197,8 +216,11 @@ class DeviceExecutable(Executable):
     def __call__(self, to_host: bool = False, **feeds: Any):
         from .backends.numba_cuda.executable import device_feeds
 
-        results = self._runner.run(device_feeds(self._placeholders, feeds, ignorable=self._feed_names),
-                                   to_host=to_host)
+        on_device = device_feeds(self._placeholders, feeds, ignorable=self._feed_names)
+        try:
+            results = self._runner.run(on_device, to_host=to_host)
+        except NonFiniteError as err:
+            raise self._located(err, {k: v.copy_to_host() for k, v in on_device.items()}) from None
         return results[0] if self._single else results
 
 
@@ -235,6 +257,7 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     of LLVM flag names.
     """
     require_target(target)
+    debug = debug or debug_from_env()
     single = isinstance(outputs, Tensor)
     tensors = [outputs] if single else list(outputs)
     if not tensors or not all(isinstance(t, Tensor) for t in tensors):

@@ -1,7 +1,9 @@
 """The numpy reference interpreter: the oracle of every backend test.
 
 It walks the needed nodes in topological order and calls each op's
-`reference`. It is meant to be read in a minute, not to be fast.
+`reference`. It is meant to be read in a minute, not to be fast. Debug mode
+also asks it where a NaN or Inf is born (`first_non_finite`): a compiled
+kernel fuses many ops, so its bad output alone cannot say which op it was.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .feeds import validate_feeds
-from .ir import Graph
+from .errors import GradCompilerError
+from .ir import Graph, Node
 from .ops.source import Placeholder
 
 
@@ -28,6 +31,27 @@ def run_graph(graph: Graph, outputs: Sequence[int], feeds: Mapping[str, Any]) ->
         else:
             values[node_id] = np.asarray(node.op.reference(*(values[i] for i in node.inputs)))
     return [values[o] for o in outputs]
+
+
+def first_non_finite(graph: Graph, candidates: Sequence[int], feeds: Mapping[str, Any]) -> Node | None:
+    """The first of `candidates` (node ids, in the order they run) whose value is NaN or Inf
+    while every input's value is finite; None if there is none or the graph cannot be run."""
+    order = list(dict.fromkeys(candidates))
+    try:
+        values = dict(zip(order, run_graph(graph, order, feeds)))
+        inputs = {i for c in order for i in graph[c].inputs}
+        values.update(zip(inputs, run_graph(graph, sorted(inputs), feeds)))
+    except GradCompilerError:
+        return None
+
+    def finite(node_id: int) -> bool:
+        value = values[node_id]
+        return value.dtype.kind != "f" or bool(np.isfinite(value).all())
+
+    for c in order:
+        if not finite(c) and all(finite(i) for i in graph[c].inputs):
+            return graph[c]
+    return None
 
 
 def evaluate(outputs, feeds: Mapping[str, Any] | None = None, **kwargs: Any):
