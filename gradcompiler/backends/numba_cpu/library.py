@@ -51,7 +51,8 @@ def run_library_op(op: Op, *inputs: np.ndarray) -> np.ndarray:
     return out
 
 
-def index_error(op: Op, value: int, axis: int, size: int, what: str = "index") -> IndexOutOfRangeError:
+def index_error(op: Op, value: int, axis: int, size: int,
+                what: str = "index") -> IndexOutOfRangeError:
     """The error for an index `value` outside an axis of `size` (after any wrapping)."""
     return IndexOutOfRangeError(
         f"{op.label}: {what} value {value} is out of range for axis {axis} of size {size}")

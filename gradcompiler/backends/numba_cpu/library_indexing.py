@@ -49,7 +49,7 @@ from .library import LibraryKernel, index_error, library_kernel
 
 @njit(parallel=True, cache=True, nogil=True)
 def _flat_positions(indices, sizes, strides, base, pos):
-    """pos[p] = base + Σ_j wrap(indices[j, p])·strides[j]; returns how many values are out of range."""
+    """pos[p] = base + Σ_j wrap(indices[j, p])·strides[j]; returns how many are out of range."""
     bad = 0
     for p in prange(indices.shape[1]):
         offset = base
@@ -64,38 +64,51 @@ def _flat_positions(indices, sizes, strides, base, pos):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _gather(data, pos, pre_offsets, post_offsets, out):
-    """out[a, p, b] = data[pos[p] + pre_offsets[a] + post_offsets[b]]."""
-    n_pre, n_pos, n_post = out.shape
-    for ap in prange(n_pre * n_pos):
+def _gather(data, pos, pre_offsets, post_offsets, run, run_stride, out):
+    """out[a, p, o, b] = data[pos[p] + pre_offsets[a] + post_offsets[o] + b·run_stride].
+
+    `out` is flat; the innermost kept axis is a run, copied by a plain
+    strided loop (LLVM versions it for stride 1, the usual case).
+    """
+    n_pos, n_outer = pos.size, post_offsets.size
+    row = n_outer * run
+    for ap in prange(pre_offsets.size * n_pos):
         a = np.int64(ap) // n_pos          # (the prange index is unsigned: keep integer division)
         p = np.int64(ap) - a * n_pos
         start = pos[p] + pre_offsets[a]
-        for b in range(n_post):
-            out[a, p, b] = data[start + post_offsets[b]]
+        for o in range(n_outer):
+            source = start + post_offsets[o]
+            target = np.int64(ap) * row + o * run
+            for b in range(run):
+                out[target + b] = data[source + b * run_stride]
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _scatter(out, value, pos, pre_offsets, post_offsets, span, parts, accumulate):
-    """out[pos[p] + pre_offsets[a] + post_offsets[b]] (+)= value[a, p, b], race-free.
+def _scatter(out, value, pos, pre_offsets, post_offsets, run, run_stride, parts, accumulate):
+    """out[pos[p] + pre_offsets[a] + post_offsets[o] + b·run_stride] (+)= value[a, p, o, b].
 
-    Part t (one per thread) owns the destinations with pos in [t·chunk, (t+1)·chunk).
+    Race-free: part t (one per thread) owns the destinations with pos in
+    [t·chunk, (t+1)·chunk) and skips the others.
     """
-    n_pre, n_pos, n_post = value.shape
-    chunk = (span + parts - 1) // parts
+    n_pos, n_outer = pos.size, post_offsets.size
+    row = n_outer * run
+    chunk = (out.size + parts - 1) // parts
     for part in prange(parts):
         low, high = part * chunk, (part + 1) * chunk
         for p in range(n_pos):
             if pos[p] < low or pos[p] >= high:
                 continue
-            for a in range(n_pre):
+            for a in range(pre_offsets.size):
                 start = pos[p] + pre_offsets[a]
-                if accumulate:
-                    for b in range(n_post):
-                        out[start + post_offsets[b]] += value[a, p, b]
-                else:
-                    for b in range(n_post):
-                        out[start + post_offsets[b]] = value[a, p, b]
+                for o in range(n_outer):
+                    target = start + post_offsets[o]
+                    source = (a * n_pos + p) * row + o * run
+                    if accumulate:
+                        for b in range(run):
+                            out[target + b * run_stride] += value[source + b]
+                    else:
+                        for b in range(run):
+                            out[target + b * run_stride] = value[source + b]
 
 
 # -- advanced indexing: the canonical form -----------------------------------------------------
@@ -119,11 +132,9 @@ class _Plan:
     axes: tuple[int, ...]       # the indexed axes
     block: tuple[int, ...]      # broadcast shape of the index tensors
     pre_offsets: np.ndarray     # offsets of the kept axes before the index block
-    post_offsets: np.ndarray    # offsets of the kept axes after it
-
-    @property
-    def canonical_shape(self) -> tuple[int, int, int]:
-        return self.pre_offsets.size, int(np.prod(self.block, dtype=np.int64)), self.post_offsets.size
+    post_offsets: np.ndarray    # offsets of the kept axes after it, but the last
+    run: int                    # length of the last kept axis after the block (1 if none)
+    run_stride: int             # its element stride
 
 
 def _plan(items: tuple, shape: tuple[int, ...], index_shapes: Sequence[tuple[int, ...]]) -> _Plan:
@@ -137,12 +148,16 @@ def _plan(items: tuple, shape: tuple[int, ...], index_shapes: Sequence[tuple[int
     kept = [d for d in range(len(shape)) if d not in axes]
     consecutive = axes == tuple(range(axes[0], axes[0] + len(axes)))
     split = axes[0] if consecutive else 0           # kept axes before the block (numpy's rule)
+    pre, post = kept[:split], kept[split:]
+    run, run_stride = (lengths[post[-1]], strides[post[-1]] * steps[post[-1]]) if post else (1, 1)
 
     def block_offsets(dims: list[int]) -> np.ndarray:
         return _offsets([lengths[d] for d in dims], [strides[d] * steps[d] for d in dims])
 
-    return _Plan(base, np.array([shape[a] for a in axes], np.int64), np.array([strides[a] for a in axes], np.int64),
-                 axes, np.broadcast_shapes(*index_shapes), block_offsets(kept[:split]), block_offsets(kept[split:]))
+    return _Plan(base=base, sizes=np.array([shape[a] for a in axes], np.int64),
+                 strides=np.array([strides[a] for a in axes], np.int64), axes=axes,
+                 block=np.broadcast_shapes(*index_shapes), pre_offsets=block_offsets(pre),
+                 post_offsets=block_offsets(post[:-1]), run=run, run_stride=run_stride)
 
 
 class _AdvancedRegion:
@@ -153,15 +168,16 @@ class _AdvancedRegion:
         self.op = op
         self.plans: dict[tuple, _Plan] = {}
 
-    def positions(self, shape: tuple[int, ...], indices: Sequence[np.ndarray]) -> tuple[_Plan, np.ndarray]:
+    def positions(self, shape: tuple[int, ...], indices: Sequence[np.ndarray]
+                  ) -> tuple[_Plan, np.ndarray]:
         key = (shape, *(i.shape for i in indices))
         plan = self.plans.get(key)
         if plan is None:
             plan = self.plans[key] = _plan(self.op.items, shape, [i.shape for i in indices])
-        if len(indices) == 1 and indices[0].ndim == 1:
-            stacked = indices[0].reshape(1, -1)
+        if len(indices) == 1:
+            stacked = np.ascontiguousarray(indices[0]).reshape(1, -1)
         else:
-            stacked = np.stack([np.broadcast_to(i, plan.block).ravel() for i in indices]).astype(np.int64, copy=False)
+            stacked = np.stack([np.broadcast_to(i, plan.block).ravel() for i in indices])
         pos = np.empty(stacked.shape[1], np.int64)
         if _flat_positions(stacked, plan.sizes, plan.strides, plan.base, pos):
             self.raise_first_bad(plan, indices)
@@ -185,7 +201,8 @@ def _indexing_multi_axis_vec(op: IndexingMultiAxisVec) -> LibraryKernel:
 
     def gather(x: np.ndarray, *indices: np.ndarray, out: np.ndarray) -> None:
         plan, pos = region.positions(x.shape, indices)
-        _gather(_flat(x), pos, plan.pre_offsets, plan.post_offsets, out.reshape(plan.canonical_shape))
+        _gather(_flat(x), pos, plan.pre_offsets, plan.post_offsets, plan.run, plan.run_stride,
+                out.reshape(-1))
 
     return gather
 
@@ -197,9 +214,8 @@ def _scatter_kernel(op, accumulate: bool) -> LibraryKernel:
         plan, pos = region.positions(data.shape, indices)     # checks before any write
         if out is not data:
             np.copyto(out, data)
-        canonical = np.ascontiguousarray(value).reshape(plan.canonical_shape)
-        _scatter(out.reshape(-1), canonical, pos, plan.pre_offsets, plan.post_offsets, out.size,
-                 numba.get_num_threads(), accumulate)
+        _scatter(out.reshape(-1), _flat(value), pos, plan.pre_offsets, plan.post_offsets, plan.run,
+                 plan.run_stride, numba.get_num_threads(), accumulate)
 
     return scatter
 
@@ -243,7 +259,8 @@ def _one_hot_scatter(out, index, sub):
             out[i, index[i, j], j] = sub[i, j]
 
 
-def _one_hot_views(shape: tuple[int, ...], axis: int) -> tuple[tuple[int, int, int], tuple[int, int]]:
+def _one_hot_views(shape: tuple[int, ...], axis: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(before, axis, after) and (before, after): the shapes the one-hot loops see."""
     before = int(np.prod(shape[:axis], dtype=np.int64))
     after = int(np.prod(shape[axis + 1:], dtype=np.int64))
     return (before, shape[axis], after), (before, after)
@@ -270,7 +287,8 @@ def _indexing_one_hot(op: IndexingOneHot) -> LibraryKernel:
 
 @library_kernel.register
 def _indexing_set_one_hot(op: IndexingSetOneHot) -> LibraryKernel:
-    def set_one_hot(data: np.ndarray, index: np.ndarray, sub: np.ndarray, *, out: np.ndarray) -> None:
+    def set_one_hot(data: np.ndarray, index: np.ndarray, sub: np.ndarray, *,
+                    out: np.ndarray) -> None:
         cube, plane = _one_hot_views(data.shape, op.axis)
         index2 = _checked_one_hot_index(op, index, cube[1], plane)
         if out is not data:

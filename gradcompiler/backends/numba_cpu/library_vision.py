@@ -93,10 +93,9 @@ def _sample(m, fx, fy, one, in_h, in_w, mode):
 
 
 @njit(parallel=True, cache=True, nogil=True, error_model="numpy")
-def _forward_loop(src, src_strides, in_h, in_w, mats, images, coords, out, out_strides, out_h, out_w,
-                  channels, mode, border_val):
-    sn, sc, sh, sw = src_strides
-    on, oc, oh_stride, ow_stride = out_strides
+def _forward_loop(source, mats, images, coords, target, mode, border_val):
+    src, (sn, sc, sh, sw), channels, in_h, in_w = source
+    out, (on, oc, oh_stride, ow_stride), _, out_h, out_w = target
     fill = border_val if mode == _CONSTANT else np.nan
     for row in prange(mats.shape[0] * out_h):
         n = np.int64(row) // out_h         # (the prange index is unsigned: keep integer division)
@@ -116,7 +115,8 @@ def _forward_loop(src, src_strides, in_h, in_w, mats, images, coords, out, out_s
                     out[target + c * oc] = fill
                     continue
                 k = c * sc
-                value = (w00 * (src[p00 + k] if ok00 else border_val) + w01 * (src[p01 + k] if ok01 else border_val)
+                value = (w00 * (src[p00 + k] if ok00 else border_val)
+                         + w01 * (src[p01 + k] if ok01 else border_val)
                          + w10 * (src[p10 + k] if ok10 else border_val)
                          + w11 * (src[p11 + k] if ok11 else border_val))
                 if mode == _CONSTANT and not math.isfinite(value):
@@ -125,11 +125,10 @@ def _forward_loop(src, src_strides, in_h, in_w, mats, images, coords, out, out_s
 
 
 @njit(parallel=True, cache=True, nogil=True, error_model="numpy")
-def _backward_data_loop(grad, grad_strides, in_h, in_w, mats, order, starts, coords, g, g_strides,
-                        out_h, out_w, channels, mode):
-    """grad[image] += Σ over the matrices reading `image` (order[starts[i]:starts[i+1]])."""
-    sn, sc, sh, sw = grad_strides
-    gn, gc, gh, gw = g_strides
+def _backward_data_loop(gradient, mats, order, starts, coords, upstream, mode):
+    """gradient[image] += Σ over the matrices reading `image` (order[starts[i]:starts[i+1]])."""
+    grad, (sn, sc, sh, sw), channels, in_h, in_w = gradient
+    g, (gn, gc, gh, gw), _, out_h, out_w = upstream
     for image in prange(starts.size - 1):
         base = image * sn
         for slot in range(starts[image], starts[image + 1]):
@@ -159,7 +158,7 @@ def _backward_data_loop(grad, grad_strides, in_h, in_w, mats, order, starts, coo
 
 @njit(cache=True, error_model="numpy")
 def _add_finite_terms(total, g_dx, g_dy, fx, fy, xs, ys, den):
-    """total[j] += g_dx·∂xs/∂m_j + g_dy·∂ys/∂m_j for each j whose term is finite (§9.5)."""
+    """total[j] += g_dx·∂xs/∂m_j + g_dy·∂ys/∂m_j for each j whose term is finite."""
     d_xs = (fx / den, fy / den, 1 / den, 0.0, 0.0, 0.0, -fx * xs / den, -fy * xs / den, -xs / den)
     d_ys = (0.0, 0.0, 0.0, fx / den, fy / den, 1 / den, -fx * ys / den, -fy * ys / den, -ys / den)
     for j in range(9):
@@ -169,16 +168,15 @@ def _add_finite_terms(total, g_dx, g_dy, fx, fy, xs, ys, den):
 
 
 @njit(parallel=True, cache=True, nogil=True, error_model="numpy")
-def _backward_mat_loop(src, src_strides, in_h, in_w, mats, images, coords, g, g_strides, out_h, out_w,
-                       channels, mode, border_val, out):
-    """out[n] = Σ g·(∂out/∂xs·∂xs/∂m + ∂out/∂ys·∂ys/∂m), skipping non-finite terms (§9.5).
+def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val, out):
+    """out[n] = Σ g·(∂out/∂xs·∂xs/∂m + ∂out/∂ys·∂ys/∂m), skipping non-finite terms.
 
     Where every term of a pixel is finite (the usual case) its channels are
     summed first and the nine partials applied once; otherwise the pixel
     takes the term-by-term path.
     """
-    sn, sc, sh, sw = src_strides
-    gn, gc, gh, gw = g_strides
+    src, (sn, sc, sh, sw), channels, in_h, in_w = source
+    g, (gn, gc, gh, gw), _, out_h, out_w = upstream
     for n in prange(mats.shape[0]):
         m = mats[n]
         base = images[n] * sn
@@ -203,8 +201,8 @@ def _backward_mat_loop(src, src_strides, in_h, in_w, mats, images, coords, g, g_
                     value = np.float64(g[n * gn + c * gc + oh * gh + ow * gw])
                     g_dx = value * ((1 - ay) * (v01 - v00) + ay * (v11 - v10))  # g · ∂out/∂xs
                     g_dy = value * ((1 - ax) * (v10 - v00) + ax * (v11 - v01))  # g · ∂out/∂ys
-                    if math.isfinite(g_dx) and math.isfinite(g_dy) and math.isfinite(inv * (fx + fy + 1) * (
-                            1 + abs(xs) + abs(ys))):
+                    partials_bound = inv * (fx + fy + 1) * (1 + abs(xs) + abs(ys))
+                    if math.isfinite(g_dx + g_dy + partials_bound):   # NaN or inf anywhere
                         sum_dx += g_dx
                         sum_dy += g_dy
                     else:
@@ -227,18 +225,20 @@ def _backward_mat_loop(src, src_strides, in_h, in_w, mats, images, coords, g, g_
 # -- the ops -----------------------------------------------------------------------------------
 
 
-def _strides(fmt: str, shape: tuple[int, ...]) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
-    """((N, C, H, W), their element strides) of a C-contiguous 4-D image buffer in `fmt`."""
+def _image(fmt: str, array: np.ndarray) -> tuple:
+    """(flat C-order buffer, (n, c, h, w) element strides, C, H, W) of a 4-D image in `fmt`."""
     if fmt == "NCHW":
-        n, c, h, w = shape
-        return (n, c, h, w), (c * h * w, h * w, w, 1)
-    n, h, w, c = shape
-    return (n, c, h, w), (h * w * c, 1, w * c, c)
+        _, c, h, w = array.shape
+        strides = (c * h * w, h * w, w, 1)
+    else:
+        _, h, w, c = array.shape
+        strides = (h * w * c, 1, w * c, c)
+    return np.ascontiguousarray(array).reshape(-1), strides, c, h, w
 
 
-def _coords(size: int, dtype: np.dtype) -> np.ndarray:
-    """0, 1, 2, ... in the matrix dtype (index 1 doubles as the typed 1 of the second tap)."""
-    return np.arange(max(size, 2), dtype=dtype)
+def _rows(mat: np.ndarray) -> np.ndarray:
+    """(N, 3, 3) matrices as (N, 9) rows."""
+    return np.ascontiguousarray(mat).reshape(-1, 9)
 
 
 def _homogeneous(mat: np.ndarray) -> np.ndarray:
@@ -247,6 +247,12 @@ def _homogeneous(mat: np.ndarray) -> np.ndarray:
     rows[:, :6] = mat.reshape(-1, 6)
     rows[:, 8] = 1
     return rows
+
+
+def _coords(image: tuple, dtype: np.dtype) -> np.ndarray:
+    """0, 1, 2, ... over the output pixels' rows and columns, in the matrix dtype
+    (coords[1] doubles as the typed 1 of the second tap)."""
+    return np.arange(max(image[3], image[4], 2), dtype=dtype)
 
 
 def _images(op, mat_idx: np.ndarray | None, n: int, n_src: int) -> np.ndarray:
@@ -260,19 +266,18 @@ def _images(op, mat_idx: np.ndarray | None, n: int, n_src: int) -> np.ndarray:
     return images
 
 
-def _forward(op, src: np.ndarray, mats: np.ndarray, mat_idx: np.ndarray | None, out: np.ndarray) -> None:
-    (n_src, channels, in_h, in_w), src_strides = _strides(op.format, src.shape)
-    (_, _, out_h, out_w), out_strides = _strides(op.format, out.shape)
-    images = _images(op, mat_idx, mats.shape[0], n_src)
-    _forward_loop(np.ascontiguousarray(src).reshape(-1), src_strides, in_h, in_w, mats, images,
-                  _coords(max(out_h, out_w), mats.dtype), out.reshape(-1), out_strides, out_h, out_w, channels,
+def _forward(op, src: np.ndarray, rows: np.ndarray, mat_idx: np.ndarray | None,
+             out: np.ndarray) -> None:
+    images = _images(op, mat_idx, rows.shape[0], src.shape[0])
+    target = _image(op.format, out)
+    _forward_loop(_image(op.format, src), rows, images, _coords(target, rows.dtype), target,
                   _MODE_CODES[op.border_mode], float(op.border_val))
 
 
 @library_kernel.register
 def _warp_perspective(op: WarpPerspective) -> LibraryKernel:
     def warp_perspective(src, mat, mat_idx=None, *, out):
-        _forward(op, src, np.ascontiguousarray(mat).reshape(-1, 9), mat_idx, out)
+        _forward(op, src, _rows(mat), mat_idx, out)
 
     return warp_perspective
 
@@ -296,15 +301,13 @@ def _split(inputs: tuple, lead: int) -> tuple:
 def _warp_backward_data(op: WarpPerspectiveBackwardData) -> LibraryKernel:
     def warp_backward_data(*inputs, out):
         mat, mat_idx, g = _split(inputs, 1)
-        (n_src, channels, in_h, in_w), grad_strides = _strides(op.format, out.shape)
-        (n, _, out_h, out_w), g_strides = _strides(op.format, g.shape)
-        images = _images(op, mat_idx, n, n_src)
-        order = np.argsort(images, kind="stable")
-        starts = np.searchsorted(images[order], np.arange(n_src + 1))
+        images = _images(op, mat_idx, mat.shape[0], out.shape[0])
+        order = np.argsort(images, kind="stable")             # matrices grouped by source image
+        starts = np.searchsorted(images[order], np.arange(out.shape[0] + 1))
         out.fill(0)
-        _backward_data_loop(out.reshape(-1), grad_strides, in_h, in_w, np.ascontiguousarray(mat).reshape(-1, 9),
-                            order, starts, _coords(max(out_h, out_w), mat.dtype), np.ascontiguousarray(g).reshape(-1),
-                            g_strides, out_h, out_w, channels, _MODE_CODES[op.border_mode])
+        upstream = _image(op.format, g)
+        _backward_data_loop(_image(op.format, out), _rows(mat), order, starts,
+                            _coords(upstream, mat.dtype), upstream, _MODE_CODES[op.border_mode])
 
     return warp_backward_data
 
@@ -313,12 +316,10 @@ def _warp_backward_data(op: WarpPerspectiveBackwardData) -> LibraryKernel:
 def _warp_backward_mat(op: WarpPerspectiveBackwardMat) -> LibraryKernel:
     def warp_backward_mat(*inputs, out):
         src, mat, mat_idx, g = _split(inputs, 2)
-        (n_src, channels, in_h, in_w), src_strides = _strides(op.format, src.shape)
-        (n, _, out_h, out_w), g_strides = _strides(op.format, g.shape)
-        images = _images(op, mat_idx, n, n_src)
-        _backward_mat_loop(np.ascontiguousarray(src).reshape(-1), src_strides, in_h, in_w,
-                           np.ascontiguousarray(mat).reshape(-1, 9), images, _coords(max(out_h, out_w), mat.dtype),
-                           np.ascontiguousarray(g).reshape(-1), g_strides, out_h, out_w, channels,
-                           _MODE_CODES[op.border_mode], float(op.border_val), out.reshape(-1, 9))
+        images = _images(op, mat_idx, mat.shape[0], src.shape[0])
+        upstream = _image(op.format, g)
+        _backward_mat_loop(_image(op.format, src), _rows(mat), images, _coords(upstream, mat.dtype),
+                           upstream, _MODE_CODES[op.border_mode], float(op.border_val),
+                           out.reshape(-1, 9))
 
     return warp_backward_mat

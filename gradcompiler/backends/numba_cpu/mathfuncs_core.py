@@ -246,7 +246,8 @@ def _quarter_turn_table(piece_bits: int = 26, pieces: int = 4) -> tuple[np.ndarr
         top = numerator.bit_length()
         for i in range(pieces):
             shift = top - piece_bits * (i + 1)
-            chunk = (numerator >> shift if shift >= 0 else numerator << -shift) & ((1 << piece_bits) - 1)
+            aligned = numerator >> shift if shift >= 0 else numerator << -shift
+            chunk = aligned & ((1 << piece_bits) - 1)
             table[i, biased] = math.ldexp(float(chunk), shift - scale)
     return tuple(np.ascontiguousarray(row) for row in table)
 
