@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .bench import suite as bench_suite
+from .compile import cache_info, clear_cache
+from .compile import compile as compile_graph
 from .dot import STAGES, GraphvizMissingWarning, is_executable, to_dot
 from .errors import GradCompilerError
 
@@ -61,8 +63,6 @@ def _drawable(result: Any, stage: str, target: str) -> Any:
     """What `to_dot` draws: the built outputs, compiled first for the optimised stage."""
     if stage != "optimised" or is_executable(result):
         return result
-    from .compile import compile as compile_graph
-
     return compile_graph(result, target=target)
 
 
@@ -80,6 +80,23 @@ def run_dot(args: argparse.Namespace) -> int:
             print(f"gradcompiler: {missing}", file=sys.stderr)
             return EXIT_FAILED
     print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+# -- cache -------------------------------------------------------------------------------------------
+
+def run_cache(args: argparse.Namespace) -> int:
+    """`info`: where the kernel cache lives, what it holds, this process's counters; `clear`: empty it."""
+    if args.action == "clear":
+        before = cache_info()
+        clear_cache()
+        print(f"removed {before['module_files']} cached modules and their compiled kernels "
+              f"from {before['directory']}")
+        return EXIT_OK
+    info = cache_info()
+    width = max(len(key) for key in info)
+    for key, value in info.items():
+        print(f"{key:<{width}}  {value}")
     return EXIT_OK
 
 
@@ -112,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the benchmark suite of docs/benchmarks.md and write its results.")
     bench_suite.add_arguments(bench)
     bench.set_defaults(run=bench_suite.run_from_args)
+
+    cache = commands.add_parser(
+        "cache", help="show or clear the on-disk kernel cache (GRADCOMPILER_CACHE_DIR)",
+        description="The generated kernel modules and Numba's compiled code are cached on disk, "
+                    "so a second process compiling the same graph does not run Numba again.")
+    cache.add_argument("action", choices=("info", "clear"),
+                       help="info: the directory, its files and the counters; clear: delete them")
+    cache.set_defaults(run=run_cache)
     return parser
 
 

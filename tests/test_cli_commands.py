@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
 import textwrap
 
+import numpy as np
 import pydot
 import pytest
 
@@ -99,6 +101,51 @@ def test_unknown_command_and_stage_are_usage_errors(build_file, capsys):
         cli.main(["dot", str(build_file), "--stage", "fused"])
     assert exited.value.code == 2
     assert "invalid choice: 'fused'" in capsys.readouterr().err
+
+
+def test_dot_command_optimised_stage_compiles_and_draws_fusion_groups(build_file, tmp_path):
+    out = tmp_path / "model.dot"
+    assert cli.main(["dot", str(build_file), "--stage", "optimised", "-o", str(out)]) == 0
+    parsed = parse(out.read_text(encoding="utf-8"))
+    groups = [sub for side in parsed.get_subgraphs() for sub in side.get_subgraphs()]
+    assert groups, "the compiled step has at least one kernel cluster"
+    assert all(sub.get_name().startswith("cluster_k") for sub in groups)
+
+
+def test_cache_info_and_clear_on_a_fresh_cache(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GRADCOMPILER_CACHE_DIR", str(tmp_path))
+    with gc.Graph("cached"):
+        out = gc.tanh(gc.input("x", (3, 2))) * 3.0
+    step = gc.compile(out)
+    written = sorted(tmp_path.glob("gck_*.py"))
+    assert written, "compiling wrote the generated module into the cache directory"
+
+    assert cli.main(["cache", "info"]) == 0
+    info = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert info["directory"] == str(tmp_path)
+    assert info["module_files"] == str(len(written))
+
+    assert cli.main(["cache", "clear"]) == 0
+    assert f"removed {len(written)} cached modules" in capsys.readouterr().out
+    assert not list(tmp_path.glob("gck_*.py"))
+    assert cli.main(["cache", "info"]) == 0
+    info = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert info["module_files"] == "0" and info["kernels_compiled"] == "0"
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.testing.assert_allclose(step(x=x), np.tanh(x) * 3.0, rtol=1e-5)  # still runs
+
+
+def test_bench_command_runs_the_suite_and_writes_its_files(tmp_path, capsys):
+    report, table = tmp_path / "bench.json", tmp_path / "bench.md"
+    status = cli.main(["bench", "--quick", "--workload", "bcast_reduce", "--peer", "numpy_manual",
+                       "--no-first-call", "--json", str(report), "--markdown", str(table)])
+    assert status == 0
+    result = json.loads(report.read_text(encoding="utf-8"))
+    assert result["target"] == "cpu" and result["quick"] is True
+    assert [w["name"] for w in result["workloads"]] == ["bcast_reduce"]
+    assert result["workloads"][0]["compiled"]["correct"] is True
+    assert "| bcast_reduce |" in table.read_text(encoding="utf-8")
+    assert f"wrote {report}" in capsys.readouterr().out
 
 
 def test_progress_bar_counts_every_kernel_when_there_are_many():

@@ -14,6 +14,7 @@ import pytest
 import gradcompiler as gc
 from gradcompiler import dot as dot_module
 from gradcompiler.dot import GraphvizMissingWarning
+from gradcompiler.report import format_bytes
 
 STRANGE_NAMES = ['a"b{c}\n', "a\"b{c}\\n", "end\\", '"q"', "<b>html</b>", "x -> y; }"]
 
@@ -170,3 +171,53 @@ def test_bad_requests_are_clear_errors(tmp_path):
         gc.to_dot(g, tmp_path / "mlp.txt")
     with pytest.raises(TypeError, match="to_dot takes"):
         gc.to_dot(42)
+
+
+@pytest.fixture(scope="module")
+def compiled_mlp():
+    g, loss, params, grads = build_mlp()
+    return gc.compile([loss, *grads], target="cpu")
+
+
+def nested_clusters(parsed: pydot.Dot) -> dict[str, pydot.Subgraph]:
+    """Fusion-group clusters (inside the forward and backward clusters), by their label."""
+    return {unquote(sub.get("label")).split(" (")[0]: sub
+            for side in parsed.get_subgraphs() for sub in side.get_subgraphs()}
+
+
+def test_optimised_stage_has_one_cluster_per_fusion_group(compiled_mlp):
+    parsed = parse(gc.to_dot(compiled_mlp, stage="optimised"))
+    assert set(clusters(parsed)) == {"cluster_forward", "cluster_backward"}
+    groups = nested_clusters(parsed)
+    kernels = compiled_mlp.plan.kernels()
+    assert set(groups) == {k.name for k in kernels}
+    for kernel in kernels:
+        assert node_ids(groups[kernel.name]) == set(kernel.nodes)
+        for i in kernel.nodes:  # values kept in registers are dashed, materialised ones are not
+            dashed = "dashed" in (graph_nodes(groups[kernel.name])[i].get("style") or "")
+            assert dashed == (i not in kernel.outputs)
+    graph = compiled_mlp.graph
+    drawn = graph.ancestors(graph.outputs)
+    assert node_ids(parsed) == drawn
+    assert edges(parsed) == expected_edges(graph, drawn)
+
+
+def test_optimised_stage_highlights_captures_with_their_sizes(compiled_mlp):
+    graph, memory = compiled_mlp.graph, compiled_mlp.context.memory
+    parsed = parse(gc.to_dot(compiled_mlp))
+    highlighted = {(int(e.get_source()[1:]), int(e.get_destination()[1:])): unquote(e.get("label"))
+                   for e in parsed.get_edges() if e.get("color") == "red"}
+    captured = {node_id for node_id, *_ in memory.captures}
+    assert captured, "the mlp keeps its tanh and relu outputs for the backward"
+    expected = {(i, n.id) for n in graph.nodes.values() for i in n.inputs
+                if i in captured and dot_module.side(n) == "backward"}
+    assert set(highlighted) == expected
+    for (source, _), label in highlighted.items():
+        size = graph[source].type.size * graph[source].type.dtype.itemsize
+        assert label == f"capture {format_bytes(size)}"
+
+
+def test_forward_and_backward_stages_of_an_executable_draw_its_optimised_graph(compiled_mlp):
+    parsed = parse(gc.to_dot(compiled_mlp, stage="forward"))
+    assert set(clusters(parsed)) == {"cluster_forward"}
+    assert all(dot_module.side(compiled_mlp.graph[i]) == "forward" for i in node_ids(parsed))
