@@ -138,3 +138,17 @@ def test_missing_frameworks_are_skipped_with_a_note(monkeypatch):
         assert not listed[name].available and "not installed" in listed[name].note
     entry = suite.measure_peer(listed["jax_jit"], None, {}, [], "cpu", 1, 0)
     assert entry == {"status": "skipped", "note": listed["jax_jit"].note}
+
+
+def test_cuda_target_runs_and_matches_numpy(monkeypatch, tmp_path):
+    """The CUDA path of the suite (device feeds, synchronised timing) on the GPU or Numba's simulator."""
+    from numba import cuda
+
+    if not cuda.is_available():
+        pytest.skip("no GPU and NUMBA_ENABLE_CUDASIM is not set")
+    monkeypatch.setenv("GRADCOMPILER_CACHE_DIR", str(tmp_path))
+    result = suite.run_suite(["bcast_reduce"], target="cuda", quick=True, steps=2, warmup=1,
+                             peers=["numpy_manual"], first_call=False, log=None)
+    compiled = result["workloads"][0]["compiled"]
+    assert compiled["status"] == "ok", compiled.get("error")
+    assert compiled["correct"] is True and _positive(compiled["median_s"])
