@@ -18,8 +18,9 @@ import hashlib
 import importlib.util
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .bench import suite as bench_suite
 from .compile import cache_info, clear_cache

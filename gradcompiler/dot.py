@@ -28,8 +28,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import BackendUnavailableError
 from .frontend.tensor import Tensor

@@ -14,7 +14,8 @@ op-by-op peak), and the compile (seconds per stage, cache hits).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -87,8 +88,8 @@ def _kernels(executable: Any) -> list[str]:
 
 def _captures(executable: Any) -> list[str]:
     memory, graph = executable.context.memory, executable.graph
-    lines = [f"  {len(memory.captures)} forward values kept for the backward, "
-             f"{format_bytes(memory.capture_bytes)} in all"]
+    lines = [(f"  {len(memory.captures)} forward values kept for the backward, "
+              f"{format_bytes(memory.capture_bytes)} in all")]
     rows = []
     for node_id, shape, dtype, nbytes in memory.captures:
         node = graph[node_id]
@@ -105,8 +106,8 @@ def _memory(executable: Any) -> list[str]:
     change = f"{100 * (unfused - peak) / unfused:.0f}% less" if unfused else "no values"
     return [
         f"  peak {format_bytes(peak)}, unfused op-by-op peak {format_bytes(unfused)} ({change})",
-        f"  arena {format_bytes(memory.arena_bytes)}: {len(memory.buffer_sizes)} buffers for "
-        f"{len(memory.lifetimes)} materialised values, {memory.in_place} written in place",
+        (f"  arena {format_bytes(memory.arena_bytes)}: {len(memory.buffer_sizes)} buffers for "
+         f"{len(memory.lifetimes)} materialised values, {memory.in_place} written in place"),
     ]
 
 
@@ -118,8 +119,8 @@ def _compile(executable: Any) -> list[str]:
     compiled = [k for k in distinct if not k.from_cache]
     return [
         f"  {stages} (total {sum(timings.values()):.3f} s)",
-        f"  cache: {hits} of {len(distinct)} distinct kernels loaded from the on-disk cache, "
-        f"{len(compiled)} compiled by Numba ({sum(k.compile_seconds for k in compiled):.2f} s)",
+        (f"  cache: {hits} of {len(distinct)} distinct kernels loaded from the on-disk cache, "
+         f"{len(compiled)} compiled by Numba ({sum(k.compile_seconds for k in compiled):.2f} s)"),
     ]
 
 
@@ -127,8 +128,8 @@ def format_report(executable: Any) -> str:
     """The whole report of a compiled step: one titled section per entry of SECTIONS."""
     graph, stats = executable.graph, executable.context.stats
     before = stats[0].nodes_before if stats else len(graph)
-    lines = [f"compiled step of graph '{graph.name}': {before} nodes before the passes, "
-             f"{len(graph)} after, {len(graph.outputs)} outputs"]
+    lines = [(f"compiled step of graph '{graph.name}': {before} nodes before the passes, "
+              f"{len(graph)} after, {len(graph.outputs)} outputs")]
     for title, section in zip(SECTIONS, (_passes, _kernels, _captures, _memory, _compile)):
         lines += _section(title, section(executable))
     return "\n".join(lines)

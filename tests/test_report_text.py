@@ -13,7 +13,7 @@ from gradcompiler.report import SECTIONS, format_bytes, format_count, format_rep
 
 
 def build_mlp():
-    with gc.Graph("mlp") as g:
+    with gc.Graph("mlp"):
         x = gc.input("x", (8, 12))
         y = gc.input("y", (8,), "int32")
         params = [gc.param("w1", (12, 6)), gc.param("b1", (6,)), gc.param("w2", (6, 5)),
