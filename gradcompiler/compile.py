@@ -266,6 +266,10 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     if len(graphs) != 1:
         raise GraphError("compile: all outputs must come from one graph", site=call_site())
     source_graph = tensors[0].graph
+    keyword = "to_host" if target == "cuda" else "out"  # the executable's own call keyword
+    if keyword in source_graph.feed_names:
+        raise GraphError(f"compile: an input is named '{keyword}', which is the keyword of the compiled "
+                         f"step's own call ({keyword}=...); rename that input", site=call_site())
     timings = {}
     start = time.perf_counter()
     graph, ctx = optimize(source_graph, [t.id for t in tensors], passes=passes,
