@@ -122,7 +122,7 @@ class _Builder:
 
     # -- fitting shapes -----------------------------------------------------------------
     def partner(self, *others: Tensor) -> Tensor:
-        """An operand that broadcasts with `others`: a pool value, reshaped or summed if it does not."""
+        """An operand that broadcasts with `others`: a pool value, reshaped or summed if not."""
         b = self.pick()
         shapes = [o.shape for o in others]
         try:

@@ -218,7 +218,8 @@ def test_feeds_are_never_written(target):
 ])
 def test_gather_index_out_of_range(target, idx, bad):
     step = program("gather", target)
-    with pytest.raises(IndexOutOfRangeError, match=rf"IndexingMultiAxisVec: index value {bad} .*size 4"):
+    message = rf"IndexingMultiAxisVec: index value {bad} .*size 4"
+    with pytest.raises(IndexOutOfRangeError, match=message):
         step(x=X43, idx=np.array(idx, np.int32))
     assert_gather_works(step, [-1, -4])  # negative indices wrap once, as in numpy
 
@@ -242,7 +243,8 @@ def test_scatter_index_out_of_range(target, pos):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("labels, bad", [([0, 4, 1], 4), ([0, -1, 1], -1), ([2**31 - 1, 0, 0], 2**31 - 1)])
+@pytest.mark.parametrize("labels, bad", [
+    ([0, 4, 1], 4), ([0, -1, 1], -1), ([2**31 - 1, 0, 0], 2**31 - 1)])
 def test_one_hot_index_out_of_range_and_negative(target, labels, bad):
     """One-hot indexing does not wrap negatives (op-reference §8.1): -1 is an error."""
     step = program("one_hot", target)
@@ -268,7 +270,8 @@ def test_warp_mat_idx_out_of_range(target, mat_idx, bad):
     src = np.arange(18, dtype=np.float32).reshape(2, 1, 3, 3)
     shift = np.array([[1, 0, 1], [0, 1, 0], [0, 0, 1]], np.float32)  # out[h, w] = src[h, w + 1]
     mat = np.stack([shift] * 3)
-    with pytest.raises(IndexOutOfRangeError, match=rf"WarpPerspective: mat_idx value {bad} is (outside \[0, 2\)|out of range .*size 2)"):
+    message = rf"WarpPerspective: mat_idx value {bad} is (outside \[0, 2\)|out of range .*size 2)"
+    with pytest.raises(IndexOutOfRangeError, match=message):
         step(src=src, mat=mat, mat_idx=np.array(mat_idx, np.int32))
     (out,) = step(src=src, mat=mat, mat_idx=np.array([1, 0, 1], np.int32))
     np.testing.assert_allclose(out, src[[1, 0, 1]][:, :, :2, 1:3], rtol=1e-6)
