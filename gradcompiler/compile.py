@@ -288,10 +288,12 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
                                                       arena_sizes=ctx.memory.buffer_sizes if ctx.memory else None))
         timings["codegen+numba"] = time.perf_counter() - start
         return DeviceExecutable(graph, source_graph, ctx, program, result, single, timings)
-    from .backends.numba_cpu import BuildOptions, build, fastmath_flags  # imports Numba: only when compiling
+    from .backends import numba_cpu  # imports Numba: only when compiling
 
-    options = BuildOptions(fastmath=fastmath_flags(fastmath), debug=debug,
-                           arena_sizes=ctx.memory.buffer_sizes if ctx.memory else None, step_labels=labels)
-    result = build(program, options)
+    options = numba_cpu.BuildOptions(fastmath=numba_cpu.fastmath_flags(fastmath), debug=debug,
+                                     parallel_min_points=numba_cpu.PARALLEL_MIN_POINTS,
+                                     arena_sizes=ctx.memory.buffer_sizes if ctx.memory else None,
+                                     step_labels=labels)
+    result = numba_cpu.build(program, options)
     timings["codegen+numba"] = time.perf_counter() - start
     return Executable(graph, source_graph, ctx, program, result, single, timings)

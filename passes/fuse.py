@@ -367,9 +367,10 @@ def _loop_group(graph: Graph, group: _Group, name: str, nodes, needed_outside: s
         graph[n].op.kind == "elementwise" or node_class(graph[n]) == "scalar_source" for n in group.computes
     ) and all(graph[n].type.shape == group.domain for n in group.computes)
     kind = "loop" if pure else "reduce"
+    label = "reduce" if any(node_class(graph[r]) == "reduction" for r in roots) else "loop"
     outputs = tuple(r for r in roots if r in needed_outside)
     inputs = tuple(sorted(set(group.reads) | group.scalars))
-    return FusedLoop(f"{name}_{kind}", kind, tuple(nodes), outputs, inputs, domain=group.domain, roots=roots,
+    return FusedLoop(f"{name}_{label}", kind, tuple(nodes), outputs, inputs, domain=group.domain, roots=roots,
                      phases=tuple(group.phase[r] for r in roots), computes=tuple(graph_order(graph, group.computes)))
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gradcompiler.cones import ConeWalker, domain_index, node_class, reduced_axes
+from gradcompiler.cones import ConeWalker, node_class, reduced_axes
 from gradcompiler.index_expr import Index, ravel
 from gradcompiler.ir import Graph, Node
 from gradcompiler.kernel import (
@@ -44,10 +44,9 @@ from gradcompiler.kernel import (
     RowValue,
     Store,
 )
-from gradcompiler.ops.elemwise import Elemwise
+from gradcompiler.ops.elemwise import Elemwise, StopGradient
 from gradcompiler.ops.reduce import Reduce
 from gradcompiler.ops.shape import FastpathCopy
-from gradcompiler.ops.elemwise import StopGradient
 from gradcompiler.ops.source import Constant, Fill, Placeholder
 
 from .fuse import FusedLibrary, FusedLoop, cone_of
@@ -260,7 +259,3 @@ class _ProgramBuilder:
 def lower(graph: Graph, plan: FusionPlan, memory: MemoryPlan | None = None) -> Program:
     """The Kernel IR program of `graph` executed as `plan` says (module docstring)."""
     return _ProgramBuilder(graph, plan, memory).build()
-
-
-def identity_index(extents: tuple[int, ...]):
-    return domain_index(extents)

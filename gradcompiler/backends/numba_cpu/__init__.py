@@ -113,22 +113,10 @@ def compile_kernel(kernel: LoopKernel, parallel: bool, fastmath: frozenset[str])
 
 
 def library_call(op) -> Callable:
-    """The routine of a library op: `call(*inputs, out)` on shaped arrays."""
-    try:
-        from .library import library_kernel
-    except ImportError:
-        return _reference_call(op)
+    """The routine of a library op: `call(*inputs, out=out)` on shaped arrays."""
+    from .library import library_kernel
+
     return library_kernel(op)
-
-
-def _reference_call(op) -> Callable:
-    """The op's numpy reference, writing into `out` (until the library routines land)."""
-
-    def call(*arrays):
-        *inputs, out = arrays
-        np.copyto(out, op.reference(*inputs))
-
-    return call
 
 
 def build(program: Program, options: BuildOptions) -> CpuBuild:

@@ -327,7 +327,8 @@ class _Writer:
             self._chunked()
         self.emit(1, "return None")
         body = self.lines[body_start:]
-        header = ["import numpy as np", "from numba import njit, prange"]
+        described = ", ".join(f"{p.role} {p.dtype.name}[{p.size}]" for p in self.kernel.params)
+        header = [f"# parameters: {described}", "import numpy as np", "from numba import njit, prange"]
         if self.calls:
             header.append(f"from gradcompiler.backends.numba_cpu.mathfuncs import {', '.join(sorted(self.calls))}")
         if self.helpers:

@@ -106,7 +106,7 @@ def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool)
             outputs = step.outputs
         else:
             assert isinstance(step, LibraryStep)
-            names = [shaped(b) for b in (*step.inputs, step.output)]
+            names = [shaped(b) for b in step.inputs] + [f"out={shaped(step.output)}"]
             used_shaped.update(b for b in (*step.inputs, step.output) if _root(program, b) not in feed_arg)
             lines.append(f"    l{s} = L[{s}]")
             body.append(f"        l{s}({', '.join(names)})")

@@ -1,0 +1,172 @@
+"""The shape of the fusion plan: what becomes a kernel, what is never materialised.
+
+These tests read the plan `fuse` leaves in `ctx.fusion` (no code is
+generated), so they are fast; `tests/backends/test_cpu_differential.py`
+checks that the same plans compute the right values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gradcompiler as gc
+from gradcompiler.ops.linalg import MatrixMul
+from gradcompiler.ops.shape import Broadcast, Transpose
+from passes.fuse import RECOMPUTE_LIMIT, FusedLibrary, FusedLoop, run as fuse
+from passes.memory import run as memory
+from passes.pipeline import optimize
+
+
+def fused(outputs):
+    """The optimised graph and its fusion plan (and memory plan) for Tensor `outputs`."""
+    graph, ctx = optimize(outputs[0].graph, [t.id for t in outputs], extra_passes=[fuse], debug=True)
+    return graph, ctx
+
+
+def loop_kernels(plan):
+    """Every loop kernel of the plan, epilogues of library calls included."""
+    loops = []
+    for group in plan.groups:
+        if isinstance(group, FusedLoop):
+            loops.append(group)
+        elif isinstance(group, FusedLibrary) and group.epilogue is not None:
+            loops.append(group.epilogue)
+    return loops
+
+
+def materialised(plan) -> set[int]:
+    return {n for g in plan.kernels() for n in g.outputs}
+
+
+def layernorm_gelu_step():
+    with gc.Graph("layernorm_gelu") as g:
+        x = gc.input("x", (64, 32))
+        gamma, beta = gc.param("gamma", (32,)), gc.param("beta", (32,))
+        r = gc.input("r", (64, 32))
+        y = gc.gelu_tanh(gc.layer_norm(x, gamma, beta)) + x
+        loss = gc.sum(y * r)
+    return [loss, *gc.grad(loss, [x, gamma, beta])]
+
+
+def bcast_reduce_step():
+    with gc.Graph("bcast_reduce") as g:
+        x = gc.input("x", (64, 48))
+        b, w = gc.param("b", (48,)), gc.param("w", (48,))
+        loss = gc.sum(gc.relu(x + b) * w)
+    return [loss, *gc.grad(loss, [x, b, w])]
+
+
+def test_layernorm_gelu_forward_and_backward_is_at_most_six_kernels_none_for_views():
+    graph, ctx = fused(layernorm_gelu_step())
+    plan = ctx.fusion
+    assert 1 <= len(plan.kernels()) <= 6
+    for group in plan.kernels():
+        assert all(graph[n].op.kind != "view" for n in group.outputs), group.name
+    views = [n for n in graph.nodes if graph[n].op.kind == "view"]
+    assert views and not set(views) & materialised(plan)
+
+
+def test_layernorm_statistics_and_gradients_share_one_pass_over_the_rows():
+    """Mean, variance, output and both row sums of the backward are phases of one loop."""
+    graph, ctx = fused(layernorm_gelu_step())
+    (loop,) = loop_kernels(ctx.fusion)
+    assert loop.domain == (64, 32)
+    row_sums = [r for r in loop.roots if graph[r].op.kind == "reduction" and graph[r].type.shape[:1] == (64,)]
+    assert len(row_sums) >= 4  # mean, variance, and the two row sums of the backward
+    assert max(loop.phases) >= 3 and list(loop.phases) == sorted(loop.phases)
+
+
+def test_bcast_reduce_is_one_pass_and_never_materialises_the_broadcasts():
+    graph, ctx = fused(bcast_reduce_step())
+    plan = ctx.fusion
+    assert len(plan.kernels()) <= 3
+    big = [n for n in materialised(plan) if graph[n].type.shape == (64, 48)]
+    assert big == [graph.outputs[1]]  # only dx, which is an output
+    assert not any(isinstance(graph[n].op, Broadcast) for n in materialised(plan))
+    (loop,) = loop_kernels(plan)
+    assert set(loop.outputs) == set(graph.outputs)  # loss, dx, db and dw from one loop over x
+
+
+def test_elementwise_chain_is_one_loop_and_sibling_reductions_share_it():
+    with gc.Graph() as g:
+        x = gc.input("x", (16, 8))
+        t = gc.exp(x * 2.0 + 1.0) - x
+        outs = [gc.sum(t, axis=1), gc.max(t, axis=1), gc.sum(t, axis=0), t]
+    graph, ctx = fused(outs)
+    (loop,) = loop_kernels(ctx.fusion)
+    assert set(loop.outputs) == set(graph.outputs) and loop.phases == (0, 0, 0, 0)
+
+
+def test_matmul_bias_relu_is_a_library_call_with_an_in_place_epilogue():
+    with gc.Graph() as g:
+        x, w, b = gc.input("x", (8, 6)), gc.param("w", (6, 5)), gc.param("b", (5,))
+        h = gc.relu(x @ w + b)
+    graph, ctx = fused([h])
+    (group,) = [g for g in ctx.fusion.groups if isinstance(g, FusedLibrary)]
+    assert isinstance(graph[group.call].op, MatrixMul)
+    assert group.epilogue is not None and group.outputs == (graph.outputs[0],)
+    assert group.call not in materialised(ctx.fusion)
+
+
+def test_mlp_transposes_are_all_folded_into_matmul_flags():
+    with gc.Graph("mlp") as g:
+        x, y = gc.input("x", (8, 12)), gc.input("y", (8,), "int32")
+        w1, b1 = gc.param("w1", (12, 16)), gc.param("b1", (16,))
+        w2, b2 = gc.param("w2", (16, 5)), gc.param("b2", (5,))
+        loss = gc.cross_entropy(gc.relu(x @ w1 + b1) @ w2 + b2, y)
+    outs = [loss, *gc.grad(loss, [w1, b1, w2, b2])]
+    graph, ctx = fused(outs)
+    assert not any(isinstance(n.op, Transpose) for n in graph.nodes.values())
+    flags = {(n.op.transpose_a, n.op.transpose_b) for n in graph.nodes.values() if isinstance(n.op, MatrixMul)}
+    assert (True, False) in flags and (False, True) in flags
+
+
+def test_cheap_shared_values_are_recomputed_and_expensive_ones_materialised():
+    """A value two kernels need is recomputed by both unless it costs more than the limit."""
+    def plan_for(make_shared):
+        with gc.Graph() as g:
+            x = gc.input("x", (6, 4))
+            t = make_shared(x)
+            outs = [gc.sum(t, axis=0), gc.reshape(t, (4, 6)) * gc.input("z", (4, 6))]
+        graph, ctx = fused(outs)
+        return graph, ctx.fusion, t.id
+
+    graph, plan, t = plan_for(lambda x: x * 2.0 + 1.0)
+    assert t not in materialised(plan)
+    assert sum(t in g.computes for g in loop_kernels(plan)) == 2
+
+    graph, plan, t = plan_for(lambda x: gc.tanh(gc.exp(x)) * 2.0)
+    assert RECOMPUTE_LIMIT < 17
+    assert t in materialised(plan)
+
+
+def test_every_node_is_in_exactly_one_group_and_groups_run_after_their_inputs():
+    graph, ctx = fused(layernorm_gelu_step())
+    members = [n for g in ctx.fusion.groups for n in g.nodes]
+    assert sorted(members) == sorted(graph.nodes)
+    done: set[int] = set()
+    for group in ctx.fusion.groups:
+        assert set(group.inputs) <= done, group.name
+        done |= set(group.nodes)
+
+
+def test_a_later_phase_reads_only_its_own_row():
+    """x·(m·x) runs in the loop that sums m; x·(m·x)ᵀ needs other rows' sums, so it waits."""
+    with gc.Graph() as g:
+        x = gc.input("x", (8, 8))
+        m = gc.sum(x, axis=1, keepdims=True)
+        same_row = x * (m * x)
+        across = x * gc.transpose(m * x, (1, 0))
+    graph, ctx = fused([same_row, across])
+    loop_of = {r: loop for loop in loop_kernels(ctx.fusion) for r in loop.roots}
+    assert loop_of[m.id] is loop_of[same_row.id]
+    phases = dict(zip(loop_of[m.id].roots, loop_of[m.id].phases))
+    assert phases[same_row.id] == phases[m.id] + 1
+    assert loop_of[across.id] is not loop_of[m.id]
+
+
+def test_plan_is_the_memory_plans_order():
+    graph, ctx = fused(bcast_reduce_step())
+    assert ctx.memory.order == ctx.fusion.groups
+    assert ctx.memory.peak_bytes <= ctx.memory.unfused_peak_bytes
+    assert np.all(np.asarray(ctx.memory.buffer_sizes) > 0)
