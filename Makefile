@@ -26,6 +26,11 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/gradcompiler bench --json bench-results/bench.json --markdown bench-results/bench.md --plot bench-results/bench.png
 
+# on a machine with an NVIDIA GPU: the CUDA tests on the device and the suite with --target cuda
+GPU_CHECK_OUT ?= gpu-check-results
+gpu-check: $(STAMP)
+	PY=$(PY) scripts/gpu_check.sh $(GPU_CHECK_OUT)
+
 bench-peers: $(STAMP)
 	$(PY) -m pip install -q 'torch==2.13.0' jax jaxlib || echo "some peers are not available from the registry"
 

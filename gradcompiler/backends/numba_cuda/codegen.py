@@ -49,6 +49,7 @@ from ...cones import domain_index
 from ...index_expr import Index, ravel
 from ...kernel import Compute, Load, LoopKernel, Reduction, RowValue
 from ..numba_cpu.scalar_ops import literal, numba_type_name, scalar_expr
+from .device import SHUFFLE_DTYPES
 
 _COMBINE = {
     "SUM": "{a} + {b}",
@@ -379,5 +380,10 @@ class _Writer:
 
 
 def generate(kernel: LoopKernel, block: int, shuffle: bool) -> CudaKernelSource:
-    """The module source of `kernel` with `block` threads per block (module docstring)."""
-    return _Writer(kernel, block, shuffle and block >= 32).source()
+    """The module source of `kernel` with `block` threads per block (module docstring).
+
+    Warp shuffles finish the trees only where every reduced dtype can be shuffled and a block
+    holds at least one warp.
+    """
+    dtypes = {i.dtype for phase in kernel.phases for r in phase.reductions for i in phase.instrs if i.var == r.var}
+    return _Writer(kernel, block, shuffle and block >= 32 and dtypes <= set(SHUFFLE_DTYPES)).source()

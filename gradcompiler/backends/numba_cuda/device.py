@@ -35,8 +35,9 @@ class LaunchConfig:
     * `tile`: edge of the square shared-memory tiles of matmul
       (`tile`² threads per block);
     * `column_chunks`: the most partial rows of a two-stage reduction;
-    * `warp_shuffle`: finish tree reductions with warp shuffles (the
-      simulator has none; None picks by target).
+    * `warp_shuffle`: finish tree reductions with warp shuffles when a
+      block holds a whole warp (None or True; the simulator has none, so
+      it never does there).
     """
 
     block: int = 256
@@ -61,13 +62,16 @@ class LaunchConfig:
         """Whether tree reductions end in warp shuffles (never on the simulator)."""
         if simulator_active(cuda):
             return False
-        return self.reduce_block >= 64 if self.warp_shuffle is None else self.warp_shuffle
+        return self.reduce_block >= 32 and self.warp_shuffle is not False
 
     def grid(self, work: int, block: int | None = None) -> int:
         """Blocks of a 1-D grid-stride launch over `work` items."""
         block = block or self.block
         return max(1, min(self.max_blocks, math.ceil(work / block)))
 
+
+SHUFFLE_DTYPES = tuple(np.dtype(t) for t in (np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64))
+"""What `cuda.shfl_down_sync` moves; reductions of other dtypes end their tree in shared memory."""
 
 SIMULATOR_CONFIG = LaunchConfig(block=16, max_blocks=4, reduce_block=8, tile=4, column_chunks=4)
 """Tiny blocks and grids: the simulator runs each GPU thread as a Python thread."""

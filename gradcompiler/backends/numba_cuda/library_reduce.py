@@ -31,7 +31,7 @@ from numba import cuda, from_dtype
 
 from ...ir import TensorType
 from ...ops.reduce import Reduce, ReduceTo, reduce_to_axes
-from .device import LaunchConfig, device_constant, flat, offset_of, row_major_strides, to_device
+from .device import SHUFFLE_DTYPES, LaunchConfig, device_constant, flat, offset_of, row_major_strides, to_device
 from .library import Launcher, cuda_library_kernel
 
 
@@ -76,6 +76,7 @@ def identity(mode: str, dtype: np.dtype) -> Any:
 def _kernels(mode: str, dtype: np.dtype, block: int, shuffle: bool):
     """(row kernel, column kernel) of `mode` on `dtype` with `block` threads per row block."""
     combine = _COMBINE[mode]
+    shuffle = shuffle and dtype in SHUFFLE_DTYPES
     mean = mode == "MEAN"
     square = mode == "SUM_SQR"
     element = from_dtype(dtype)
@@ -103,14 +104,15 @@ def _kernels(mode: str, dtype: np.dtype, block: int, shuffle: bool):
                     partial[t] = combine(partial[t], partial[t + step])
                 cuda.syncthreads()
                 step //= 2
-            if shuffle and t < 32:
-                acc = partial[t]
-                lane = 16
-                while lane > 0:
-                    acc = combine(acc, cuda.shfl_down_sync(0xFFFFFFFF, acc, lane))
-                    lane //= 2
-                if t == 0:
-                    partial[0] = acc
+            if shuffle:  # a constant: Numba drops the branch when it is False
+                if t < 32:
+                    acc = partial[t]
+                    lane = 16
+                    while lane > 0:
+                        acc = combine(acc, cuda.shfl_down_sync(0xFFFFFFFF, acc, lane))
+                        lane //= 2
+                    if t == 0:
+                        partial[0] = acc
             if t == 0:
                 out[task] = partial[0] / divisor if mean and last else partial[0]
             cuda.syncthreads()
