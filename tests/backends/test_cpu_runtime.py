@@ -1,0 +1,184 @@
+"""The runtime of a compiled step: buffers, feeds, out=, errors, debug mode, the API around it."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import gradcompiler as gc
+from gradcompiler.errors import BackendUnavailableError, FeedError, IndexOutOfRangeError, NonFiniteError
+
+
+@pytest.fixture(scope="module")
+def bias_step():
+    """loss = Σ relu(x + b)·w with gradients, and a numpy version of it."""
+    with gc.Graph("bias") as g:
+        x = gc.input("x", (6, 5), "float64")
+        b, w = gc.param("b", (5,), "float64"), gc.param("w", (5,), "float64")
+        loss = gc.sum(gc.relu(x + b) * w)
+        grads = gc.grad(loss, [x, b, w])
+    step = gc.compile([loss, *grads])
+
+    def numpy_step(x, b, w):
+        t = x + b
+        r = np.where(t > 0, t, 0.0)
+        dx = np.where(t > 0, w, 0.0)
+        return [np.sum(r * w), dx, dx.sum(0), r.sum(0)]
+
+    return step, numpy_step
+
+
+def _feeds(rng):
+    return dict(x=rng.standard_normal((6, 5)), b=rng.standard_normal(5), w=rng.standard_normal(5))
+
+
+def test_values_match_numpy_and_buffers_are_reused(bias_step, rng):
+    step, numpy_step = bias_step
+    feeds = _feeds(rng)
+    arrays_before = [id(a) for a in step._runner.arrays]
+    first = step(**feeds)
+    second = step(**feeds)
+    for a, b, want in zip(first, second, numpy_step(**feeds)):
+        np.testing.assert_allclose(a, want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(a, b)
+    assert [id(a) for a in step._runner.arrays] == arrays_before
+    other = _feeds(np.random.default_rng(99))
+    for a, want in zip(step(**other), numpy_step(**other)):
+        np.testing.assert_allclose(a, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(first[1], numpy_step(**feeds)[1])  # results are copies, not views
+
+
+def test_repeated_calls_do_not_grow_memory(bias_step, rng):
+    step, _ = bias_step
+    feeds = _feeds(rng)
+    step(**feeds)
+    tracemalloc.start()
+    for _ in range(3):
+        step(**feeds)
+    base, _ = tracemalloc.get_traced_memory()
+    for _ in range(50):
+        step(**feeds)
+    grown, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert grown - base < 20_000
+
+
+def test_out_arrays_are_written_in_place(bias_step, rng):
+    step, numpy_step = bias_step
+    feeds = _feeds(rng)
+    out = [np.empty(()), np.empty((6, 5)), np.empty(5), np.empty(5)]
+    result = step(out=out, **feeds)
+    assert all(r is o for r, o in zip(result, out))
+    for o, want in zip(out, numpy_step(**feeds)):
+        np.testing.assert_allclose(o, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(FeedError, match=r"out\[1\]"):
+        step(out=[np.empty(()), np.empty((5, 6)), np.empty(5), np.empty(5)], **feeds)
+    with pytest.raises(FeedError, match="4 output"):
+        step(out=out[:2], **feeds)
+
+
+def test_feeds_are_validated(bias_step, rng):
+    step, numpy_step = bias_step
+    feeds = _feeds(rng)
+    with pytest.raises(FeedError, match="missing"):
+        step(x=feeds["x"], b=feeds["b"])
+    with pytest.raises(FeedError, match="unexpected"):
+        step(**feeds, extra=np.zeros(3))
+    with pytest.raises(FeedError, match="shape"):
+        step(**{**feeds, "x": np.zeros((5, 6))})
+    with pytest.raises(FeedError, match="dtype"):
+        step(**{**feeds, "b": feeds["b"].astype(np.float32)})
+    wide = np.asfortranarray(rng.standard_normal((6, 10)))[:, ::2]  # neither C nor F contiguous
+    assert not wide.flags.c_contiguous
+    for got, want in zip(step(**{**feeds, "x": wide}), numpy_step(wide, feeds["b"], feeds["w"])):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_single_output_is_returned_as_an_array(rng):
+    with gc.Graph():
+        x = gc.input("x", (3, 4), "float64")
+        y = gc.tanh(x) * 2.0
+    step = gc.compile(y)
+    x_value = rng.standard_normal((3, 4))
+    result = step(x=x_value)
+    assert isinstance(result, np.ndarray)
+    np.testing.assert_allclose(result, np.tanh(x_value) * 2.0, rtol=1e-12)
+
+
+def test_an_index_out_of_range_raises_and_the_step_stays_usable():
+    with gc.Graph():
+        logits = gc.input("logits", (4, 3), "float64")
+        labels = gc.input("labels", (4,), "int32")
+        loss = gc.cross_entropy(logits, labels)
+        (dlogits,) = gc.grad(loss, [logits])
+    step = gc.compile([loss, dlogits])
+    z = np.arange(12.0).reshape(4, 3) / 10
+    with pytest.raises(IndexOutOfRangeError):
+        step(logits=z, labels=np.array([0, 1, 3, 2], np.int32))
+    with pytest.raises(IndexOutOfRangeError):
+        step(logits=z, labels=np.array([0, -1, 2, 2], np.int32))
+    value, grad = step(logits=z, labels=np.array([0, 1, 2, 2], np.int32))
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    np.testing.assert_allclose(value, -np.mean(np.log(p[np.arange(4), [0, 1, 2, 2]])), rtol=1e-12)
+    expected = p.copy()
+    expected[np.arange(4), [0, 1, 2, 2]] -= 1
+    np.testing.assert_allclose(grad, expected / 4, rtol=1e-12, atol=1e-15)
+
+
+def test_debug_mode_names_the_kernel_and_forward_op_of_a_non_finite_value(rng):
+    with gc.Graph():
+        x = gc.input("x", (3,), "float64")
+        y = gc.log(x, ) * 2.0
+    step = gc.compile(y, debug=True)
+    np.testing.assert_allclose(step(x=np.array([1.0, 2.0, 3.0])), 2 * np.log([1.0, 2.0, 3.0]))
+    with pytest.raises(NonFiniteError, match=r"kernel k\d+_loop.*Elemwise (LOG|MUL).*test_cpu_runtime.py"):
+        step(x=np.array([1.0, -2.0, 3.0]))
+    quiet = gc.compile(y)
+    assert np.isnan(quiet(x=np.array([1.0, -2.0, 3.0]))[1])
+
+
+def test_an_unknown_target_is_refused_clearly():
+    with gc.Graph():
+        x = gc.input("x", (3,))
+    with pytest.raises(BackendUnavailableError, match="unknown target"):
+        gc.compile(x * 2.0, target="tpu")
+
+
+def test_source_and_report_describe_the_step(bias_step):
+    step, _ = bias_step
+    source = step.source()
+    assert "@njit(parallel=" in source and "cache=True" in source and "def make(" in source
+    report = step.report()
+    for part in ("passes:", "fuse", "memory", "kernels:", "captures:", "compile:", "cache:"):
+        assert part in report
+    loops = [k for k in step.kernels if k.kind == "loop"]
+    assert loops and all(k.bytes_moved > 0 and k.flops > 0 and k.ops for k in loops)
+    assert step.plan is step.context.fusion and step.graph is not None and step.program.steps
+
+
+def test_user_names_never_reach_generated_source(rng):
+    hostile = "x'); import os; os.system('echo pwned') #"
+    with gc.Graph("g\"; raise SystemExit #"):
+        x = gc.input(hostile, (2, 3), "float64")
+        y = gc.constant(np.full((2, 3), 0.123456789), "float64", name="c'; evil")
+        out = gc.exp(x) * y
+    step = gc.compile(out)
+    source = step.source()
+    assert "pwned" not in source and "evil" not in source and "SystemExit" not in source
+    assert "0.123456789" not in source  # constants are arguments, not literals
+    value = rng.standard_normal((2, 3))
+    np.testing.assert_allclose(step(**{hostile: value}), np.exp(value) * 0.123456789, rtol=1e-12)
+
+
+def test_fastmath_option_sets_the_flags():
+    with gc.Graph():
+        x = gc.input("x", (4,), "float64")
+        y = gc.sum(x * x)
+    default = gc.compile(y).source()
+    fast = gc.compile(y, fastmath=True).source()
+    assert "fastmath={'contract'}" in default
+    assert "'reassoc'" in fast and "'nnan'" not in fast and "'ninf'" not in fast
+    assert gc.compile(y, fastmath=True)(x=np.arange(4.0)) == 14.0
