@@ -168,7 +168,7 @@ def test_gather_reads_device_indices_without_a_host_copy(f32):
     x = f32(6, 3)
     idx = cuda.to_device(np.array([5, 0, -2, 5], np.int64))
     assert to_device(idx) is idx and is_device_array(idx)
-    out = run_library_op(IndexingMultiAxisVec((TensorItem(0),)), to_device(x), idx, to_host_result=False)
+    out = run_library_op(IndexingMultiAxisVec((TensorItem(0),)), to_device(x), idx, to_host=False)
     assert is_device_array(out)
     assert_close(out.copy_to_host(), x[[5, 0, -2, 5]])
 

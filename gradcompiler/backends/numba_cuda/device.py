@@ -12,7 +12,6 @@ compile-time constants), so each kernel factory is cached per config.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -119,7 +118,8 @@ def view(array: Any, shape: Sequence[int]) -> Any:
     return array if tuple(array.shape) == shape else array.reshape(shape)
 
 
-def to_host(array: Any) -> np.ndarray:
+def host_copy(array: Any) -> np.ndarray:
+    """`array` on the host (a device array is copied back; a host one is returned as is)."""
     return array.copy_to_host() if is_device_array(array) else np.asarray(array)
 
 
@@ -225,7 +225,7 @@ def checked_indices(indices: Sequence[Any], specs: Sequence[IndexSpec], block_sh
             flat(device), packed[row], shape, strides, spec.size, spec.wrap, bad)
     if int(bad.copy_to_host(stream=stream)[0]):
         for index, spec in zip(indices, specs):  # the error path: find the value to name
-            _checked_on_host(to_host(index), spec, block_shape)
+            _checked_on_host(host_copy(index), spec, block_shape)
     return packed
 
 
@@ -238,12 +238,3 @@ def _checked_on_host(index: Any, spec: IndexSpec, block_shape: tuple[int, ...]) 
     if bad.any():
         raise IndexOutOfRangeError(spec.describe(int(raw[bad][0])))
     return values
-
-
-@functools.cache
-def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for d in reversed(shape):
-        strides.append(step)
-        step *= d
-    return tuple(reversed(strides))

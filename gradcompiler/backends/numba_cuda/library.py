@@ -24,7 +24,7 @@ import numpy as np
 from numba import cuda
 
 from ...ir import Op, TensorType
-from .device import LaunchConfig, default_config, to_host
+from .device import LaunchConfig, default_config, host_copy
 
 Launcher = Callable[..., None]
 
@@ -35,7 +35,7 @@ def cuda_library_kernel(op: Op, input_types: Sequence[TensorType], config: Launc
     raise NotImplementedError(f"the CUDA backend has no library kernel for {op.describe()}")
 
 
-def run_library_op(op: Op, *inputs: Any, config: LaunchConfig | None = None, to_host_result: bool = True,
+def run_library_op(op: Op, *inputs: Any, config: LaunchConfig | None = None, to_host: bool = True,
                    stream: Any = 0) -> Any:
     """Run `op` once on `inputs` (numpy or device arrays); the result on the host or the device."""
     config = config or default_config()
@@ -44,7 +44,7 @@ def run_library_op(op: Op, *inputs: Any, config: LaunchConfig | None = None, to_
     launch = cuda_library_kernel(op, types, config)
     out = cuda.device_array(out_type.shape, out_type.dtype, stream=stream)
     launch(*inputs, out=out, stream=stream)
-    return to_host(out) if to_host_result else out
+    return host_copy(out) if to_host else out
 
 
 from . import library_indexing, library_linalg, library_reduce, library_vision  # noqa: E402,F401  (registrations)

@@ -29,13 +29,14 @@ import numpy as np
 from numba import cuda
 
 from ...errors import DTypeError
+from ...index_expr import strides as row_major
 from ...ir import Op, TensorType
 from ...ops.indexing import (IndexingIncrMultiAxisVec, IndexingMultiAxisVec, IndexingOneHot,
                              IndexingSetMultiAxisVec, IndexingSetOneHot, IndexItem, SetSubtensor,
                              SliceItem, Subtensor, TensorItem)
 from ...ops.shape import Concat
 from .device import (IndexSpec, LaunchConfig, checked_indices, copy, device_constant, fill, flat,
-                     row_major_strides, to_device)
+                     to_device)
 from .library import Launcher, cuda_library_kernel
 
 ATOMIC_ADD_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64,
@@ -112,7 +113,7 @@ class _RegionMap:
 
 def _region_map(op: Op, data: TensorType, index_types: Sequence[TensorType]) -> _RegionMap:
     """The region map of `op.items` on `data` (basic items, or advanced with index tensors)."""
-    strides = row_major_strides(data.shape)
+    strides = row_major(data.shape)
     base = 0
     kept: list[tuple[int, int]] = []  # (size, data coefficient) of each kept axis, in order
     tensor_axes: list[int] = []
@@ -133,7 +134,7 @@ def _region_map(op: Op, data: TensorType, index_types: Sequence[TensorType]) -> 
     if tensor_axes:
         consecutive = tensor_axes == list(range(tensor_axes[0], tensor_axes[0] + len(tensor_axes)))
         at = tensor_axes[0] if consecutive else 0  # numpy's rule (§7.2)
-        block = [(size, 0, s) for size, s in zip(block_shape, row_major_strides(tuple(block_shape)))]
+        block = [(size, 0, s) for size, s in zip(block_shape, row_major(tuple(block_shape)))]
         dims = dims[:at] + block + dims[at:]
 
     def describe(axis: int):

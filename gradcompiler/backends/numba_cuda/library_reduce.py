@@ -29,9 +29,10 @@ from typing import Any, Sequence
 import numpy as np
 from numba import cuda, from_dtype
 
+from ...index_expr import strides as row_major
 from ...ir import TensorType
 from ...ops.reduce import Reduce, ReduceTo, reduce_to_axes
-from .device import SHUFFLE_DTYPES, LaunchConfig, device_constant, flat, offset_of, row_major_strides, to_device
+from .device import SHUFFLE_DTYPES, LaunchConfig, device_constant, flat, offset_of, to_device
 from .library import Launcher, cuda_library_kernel
 
 
@@ -139,7 +140,7 @@ class _Reduction:
     def __init__(self, mode: str, x: TensorType, axes: Sequence[int], config: LaunchConfig):
         self.config = config
         self.dtype = x.dtype
-        strides = row_major_strides(x.shape)
+        strides = row_major(x.shape)
         kept = [a for a in range(x.ndim) if a not in axes]
         self.n_out = int(np.prod([x.shape[a] for a in kept], dtype=np.int64))
         self.n_red = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
