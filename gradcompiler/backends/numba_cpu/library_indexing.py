@@ -63,24 +63,37 @@ def _flat_positions(indices, sizes, strides, base, pos):
     return bad
 
 
+# Offsets are unsigned (np.uint64) where an array is indexed: Numba wraps a
+# signed index that might be negative with a select on every access, which
+# made these copies 5x slower (12 ms against 2 ms for the embedding gather).
+# A negative stride still works: the unsigned sums wrap modulo 2^64.
+
+
 @njit(parallel=True, cache=True, nogil=True)
-def _gather(data, pos, pre_offsets, post_offsets, run, run_stride, out):
+def _gather(data, pos, pre_offsets, post_offsets, run, run_stride, parts, out):
     """out[a, p, o, b] = data[pos[p] + pre_offsets[a] + post_offsets[o] + b·run_stride].
 
-    `out` is flat; the innermost kept axis is a run, copied by a plain
-    strided loop (LLVM versions it for stride 1, the usual case).
+    `out` is flat. The (a, p) rows are split into one contiguous block per
+    part; the innermost kept axis is a run, copied by a plain strided loop
+    (LLVM versions it for stride 1, the usual case).
     """
     n_pos, n_outer = pos.size, post_offsets.size
-    row = n_outer * run
-    for ap in prange(pre_offsets.size * n_pos):
-        a = np.int64(ap) // n_pos          # (the prange index is unsigned: keep integer division)
-        p = np.int64(ap) - a * n_pos
-        start = pos[p] + pre_offsets[a]
-        for o in range(n_outer):
-            source = start + post_offsets[o]
-            target = np.int64(ap) * row + o * run
-            for b in range(run):
-                out[target + b] = data[source + b * run_stride]
+    rows, row = pre_offsets.size * n_pos, n_outer * run
+    step = np.uint64(run_stride)
+    block = (rows + parts - 1) // parts
+    for part in prange(parts):
+        first, last = part * block, min((part + 1) * block, rows)
+        a, p = first // max(n_pos, 1), first % max(n_pos, 1)
+        for ap in range(first, last):
+            start = pos[p] + pre_offsets[a]
+            for o in range(n_outer):
+                source = np.uint64(start + post_offsets[o])
+                target = np.uint64(ap * row + o * run)
+                for b in range(np.uint64(run)):
+                    out[target + b] = data[source + b * step]
+            p += 1
+            if p == n_pos:
+                p, a = 0, a + 1
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -92,6 +105,7 @@ def _scatter(out, value, pos, pre_offsets, post_offsets, run, run_stride, parts,
     """
     n_pos, n_outer = pos.size, post_offsets.size
     row = n_outer * run
+    step = np.uint64(run_stride)
     chunk = (out.size + parts - 1) // parts
     for part in prange(parts):
         low, high = part * chunk, (part + 1) * chunk
@@ -101,14 +115,14 @@ def _scatter(out, value, pos, pre_offsets, post_offsets, run, run_stride, parts,
             for a in range(pre_offsets.size):
                 start = pos[p] + pre_offsets[a]
                 for o in range(n_outer):
-                    target = start + post_offsets[o]
-                    source = (a * n_pos + p) * row + o * run
+                    target = np.uint64(start + post_offsets[o])
+                    source = np.uint64((a * n_pos + p) * row + o * run)
                     if accumulate:
-                        for b in range(run):
-                            out[target + b * run_stride] += value[source + b]
+                        for b in range(np.uint64(run)):
+                            out[target + b * step] += value[source + b]
                     else:
-                        for b in range(run):
-                            out[target + b * run_stride] = value[source + b]
+                        for b in range(np.uint64(run)):
+                            out[target + b * step] = value[source + b]
 
 
 # -- advanced indexing: the canonical form -----------------------------------------------------
@@ -202,7 +216,7 @@ def _indexing_multi_axis_vec(op: IndexingMultiAxisVec) -> LibraryKernel:
     def gather(x: np.ndarray, *indices: np.ndarray, out: np.ndarray) -> None:
         plan, pos = region.positions(x.shape, indices)
         _gather(_flat(x), pos, plan.pre_offsets, plan.post_offsets, plan.run, plan.run_stride,
-                out.reshape(-1))
+                numba.get_num_threads(), out.reshape(-1))
 
     return gather
 
@@ -248,7 +262,7 @@ def _one_hot_gather(src, index, out):
     """out[i, j] = src[i, index[i, j], j] (src viewed as (before, axis, after))."""
     for i in prange(src.shape[0]):
         for j in range(src.shape[2]):
-            out[i, j] = src[i, index[i, j], j]
+            out[i, j] = src[i, np.uint64(index[i, j]), j]   # checked, so unsigned: no wraparound
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -256,7 +270,7 @@ def _one_hot_scatter(out, index, sub):
     """out[i, index[i, j], j] = sub[i, j]: one write per (i, j), so no conflicts."""
     for i in prange(out.shape[0]):
         for j in range(out.shape[2]):
-            out[i, index[i, j], j] = sub[i, j]
+            out[i, np.uint64(index[i, j]), j] = sub[i, j]
 
 
 def _one_hot_views(shape: tuple[int, ...], axis: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

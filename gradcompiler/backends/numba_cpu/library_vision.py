@@ -6,7 +6,11 @@ each output pixel is computed in the matrix's dtype with the reference's
 operation order, so both pick the same taps; the weights and sums are
 float64. Images are read and written as flat C-order buffers with explicit
 (n, c, h, w) element strides, so both layouts share one compiled loop per
-dtype, and the border mode is a run-time integer.
+dtype, and the border mode is a run-time integer. `_border` is inlined
+into `_sample`, which stays a call: inlining both saves another ~20% of
+run time but triples the compile time (measured: 4.1 / 3.3 / 2.7 ms for the
+(32,3,64,64) forward with neither / `_border` / both inlined, 5 / 7 / 15 s
+to compile the three loops).
 
 * Forward: parallel over output rows.
 * BackwardData (scatter-add into the source gradient): parallel over
@@ -43,7 +47,7 @@ _REPLICATE, _REFLECT, _REFLECT_101, _WRAP, _CONSTANT = range(5)
 # -- the sampling model ------------------------------------------------------------------------
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _border(p, length, mode):
     """(index, valid) of the integer-valued float tap `p` on an axis of `length` (§9.2 table)."""
     if mode == _REPLICATE or mode == _CONSTANT:
@@ -90,6 +94,8 @@ def _sample(m, fx, fy, one, in_h, in_w, mode):
 
 
 # -- loops (flat buffers; strides are (n, c, h, w) element strides) ----------------------------
+# Buffer offsets are cast to np.uint64 where they index: they are never negative, and a
+# signed index costs a wraparound select on every access.
 
 
 @njit(parallel=True, cache=True, nogil=True, error_model="numpy")
@@ -112,16 +118,16 @@ def _forward_loop(source, mats, images, coords, target, mode, border_val):
             target = n * on + oh * oh_stride + ow * ow_stride
             for c in range(channels):
                 if not finite:
-                    out[target + c * oc] = fill
+                    out[np.uint64(target + c * oc)] = fill
                     continue
                 k = c * sc
-                value = (w00 * (src[p00 + k] if ok00 else border_val)
-                         + w01 * (src[p01 + k] if ok01 else border_val)
-                         + w10 * (src[p10 + k] if ok10 else border_val)
-                         + w11 * (src[p11 + k] if ok11 else border_val))
+                value = (w00 * (src[np.uint64(p00 + k)] if ok00 else border_val)
+                         + w01 * (src[np.uint64(p01 + k)] if ok01 else border_val)
+                         + w10 * (src[np.uint64(p10 + k)] if ok10 else border_val)
+                         + w11 * (src[np.uint64(p11 + k)] if ok11 else border_val))
                 if mode == _CONSTANT and not math.isfinite(value):
                     value = border_val
-                out[target + c * oc] = value
+                out[np.uint64(target + c * oc)] = value
 
 
 @njit(parallel=True, cache=True, nogil=True, error_model="numpy")
@@ -144,16 +150,16 @@ def _backward_data_loop(gradient, mats, order, starts, coords, upstream, mode):
                     w10, w11 = (1 - ax) * ay, ax * ay
                     source = n * gn + oh * gh + ow * gw
                     for c in range(channels):
-                        value = np.float64(g[source + c * gc])
+                        value = np.float64(g[np.uint64(source + c * gc)])
                         k = base + c * sc
                         if ok00:
-                            grad[k + r0 * sh + c0 * sw] += w00 * value
+                            grad[np.uint64(k + r0 * sh + c0 * sw)] += w00 * value
                         if ok01:
-                            grad[k + r0 * sh + c1 * sw] += w01 * value
+                            grad[np.uint64(k + r0 * sh + c1 * sw)] += w01 * value
                         if ok10:
-                            grad[k + r1 * sh + c0 * sw] += w10 * value
+                            grad[np.uint64(k + r1 * sh + c0 * sw)] += w10 * value
                         if ok11:
-                            grad[k + r1 * sh + c1 * sw] += w11 * value
+                            grad[np.uint64(k + r1 * sh + c1 * sw)] += w11 * value
 
 
 @njit(cache=True, error_model="numpy")
@@ -194,11 +200,11 @@ def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val,
                 sum_dx = sum_dy = 0.0
                 for c in range(channels):
                     k = c * sc
-                    v00 = np.float64(src[p00 + k]) if ok00 else border_val
-                    v01 = np.float64(src[p01 + k]) if ok01 else border_val
-                    v10 = np.float64(src[p10 + k]) if ok10 else border_val
-                    v11 = np.float64(src[p11 + k]) if ok11 else border_val
-                    value = np.float64(g[n * gn + c * gc + oh * gh + ow * gw])
+                    v00 = np.float64(src[np.uint64(p00 + k)]) if ok00 else border_val
+                    v01 = np.float64(src[np.uint64(p01 + k)]) if ok01 else border_val
+                    v10 = np.float64(src[np.uint64(p10 + k)]) if ok10 else border_val
+                    v11 = np.float64(src[np.uint64(p11 + k)]) if ok11 else border_val
+                    value = np.float64(g[np.uint64(n * gn + c * gc + oh * gh + ow * gw)])
                     g_dx = value * ((1 - ay) * (v01 - v00) + ay * (v11 - v10))  # g · ∂out/∂xs
                     g_dy = value * ((1 - ax) * (v10 - v00) + ax * (v11 - v01))  # g · ∂out/∂ys
                     partials_bound = inv * (fx + fy + 1) * (1 + abs(xs) + abs(ys))
