@@ -296,3 +296,17 @@ def test_without_gpu_or_simulator_target_cuda_says_why():
     if second != "COMPILED":
         assert second.startswith("REFUSED") and "no usable CUDA driver or GPU" in second
         assert "NUMBA_ENABLE_CUDASIM=1" in second
+
+
+def test_an_output_that_is_a_feed_or_constant_is_a_fresh_array():
+    with gc.Graph("passthrough"):
+        x = gc.input("x", (3,))
+        k = gc.constant(np.array([1.0, 2.0, 3.0], np.float32))
+    step = gc.compile([x, k, x * k], target="cuda")
+    fed = cuda.to_device(np.array([4.0, 5.0, 6.0], np.float32))
+    same, constant, product = step(x=fed)
+    assert same is not fed and is_device_array(same) and is_device_array(constant)
+    np.testing.assert_array_equal(same.copy_to_host(), [4, 5, 6])
+    constant[0] = 100.0  # the caller's copy, not the executable's constant
+    np.testing.assert_array_equal(step(to_host=True, x=fed)[2], [4, 10, 18])
+    np.testing.assert_array_equal(product.copy_to_host(), [4, 10, 18])

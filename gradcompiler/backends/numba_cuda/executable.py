@@ -33,7 +33,7 @@ from ...ir import Node, TensorType
 from ...kernel import KernelStep, LibraryStep, LoopKernel, Program
 from ..numba_cpu import cache
 from .codegen import CudaKernelSource, generate
-from .device import LaunchConfig, default_config, flat, is_device_array, to_device, view
+from .device import LaunchConfig, copy, default_config, flat, is_device_array, to_device, view
 from .library import cuda_library_kernel
 from .library_reduce import PartialFold
 
@@ -162,10 +162,15 @@ class CudaRunner:
         for b in self.program.outputs:
             spec = self.program.buffers[b]
             value = view(buffers[b], spec.shape)
-            if self.program.buffers[self._root(b)].role == "const" and not to_host:
-                value = cuda.to_device(value.copy_to_host())  # never hand out the executable's own constant
+            if self.program.buffers[self._root(b)].role in ("const", "feed") and not to_host:
+                value = self._fresh_copy(value, stream)  # never hand out our constant or the caller's feed
             results.append(value.copy_to_host() if to_host else value)
         return results
+
+    def _fresh_copy(self, value: Any, stream: Any) -> Any:
+        fresh = cuda.device_array(value.shape, value.dtype, stream=stream)
+        copy(value, fresh, self.config, stream)
+        return fresh
 
     def _check(self, launch, buffers: list[Any], s: int) -> None:
         step = launch.step
