@@ -103,7 +103,8 @@ def compile_kernel(kernel: LoopKernel, parallel: bool, fastmath: frozenset[str])
     dispatcher = module.kernel
     signature = _signature(kernel, source)
     if not dispatcher.signatures:
-        dispatcher.compile(signature)
+        with cache.numba_entry(dispatcher, module.__name__):
+            dispatcher.compile(signature)
         cache.record_compile(dispatcher, signature)
         dispatcher.disable_compile()
     from_cache = bool(dispatcher.stats.cache_hits.get(signature))

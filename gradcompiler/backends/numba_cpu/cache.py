@@ -16,6 +16,17 @@ never runs the Numba compiler. Rules that make that hold:
 * the module is registered in `sys.modules` before it executes, which
   Numba's cache locator needs to find it again.
 
+A cache entry is never trusted blindly. A module file is used only if its
+text is exactly the source its name stands for; Numba's index and data
+files of a module are used only if they match the SHA-256 digests recorded
+(`<module>.sha256`, beside them) when this library had Numba write them,
+under a per-module file lock, so two processes compiling the same kernel
+take turns and the second one loads what the first wrote. An entry that
+fails either check (truncated, corrupted, edited, left half-written) is
+deleted and rebuilt with a `CacheWarning`. A cache directory that cannot be
+written is replaced, with a `CacheWarning`, by a private temporary one:
+compilation works, only the caching is lost.
+
 `CacheStats` counts module hits (in this process, or on disk) and misses,
 and, per compiled kernel signature, whether Numba loaded it from its cache
 or compiled it. `cache_info()` and `clear_cache()` are public as
@@ -24,16 +35,26 @@ or compiled it. `cache_info()` and `clear_cache()` are public as
 
 from __future__ import annotations
 
+import atexit
+import errno
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import sys
 import tempfile
+import warnings
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, concurrent compiles of one kernel may both compile it
+    fcntl = None
 
 CACHE_ENV = "GRADCOMPILER_CACHE_DIR"
 _INLINED = ("mathfuncs.py", "mathfuncs_core.py", "rowreduce.py")
@@ -51,11 +72,36 @@ class CacheStats:
 STATS = CacheStats()
 
 
+class CacheWarning(UserWarning):
+    """The kernel cache could not be used as it was: a corrupt entry was discarded and rebuilt,
+    or the directory cannot be written. Compilation goes on; only caching is affected."""
+
+
+_PRIVATE_DIRS: dict[Path, Path] = {}
+
+
 def cache_dir() -> Path:
-    """The cache directory (created if missing)."""
+    """The cache directory (created if missing), or its private stand-in if it cannot be written."""
     path = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gradcompiler")
-    path.mkdir(parents=True, exist_ok=True)
+    if path in _PRIVATE_DIRS:
+        return _PRIVATE_DIRS[path]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return _private_dir(path, err)
     return path
+
+
+def _private_dir(path: Path, err: OSError) -> Path:
+    """A temporary directory of this process standing in for the unwritable `path` (deleted at exit)."""
+    if path not in _PRIVATE_DIRS:
+        warnings.warn(f"the kernel cache directory {path} cannot be written ({err.strerror or err}); "
+                      "kernels are compiled into a private temporary directory and not kept",
+                      CacheWarning, stacklevel=3)
+        private = Path(tempfile.mkdtemp(prefix="gradcompiler-cache-"))
+        atexit.register(shutil.rmtree, private, ignore_errors=True)
+        _PRIVATE_DIRS[path] = private
+    return _PRIVATE_DIRS[path]
 
 
 @lru_cache(maxsize=1)
@@ -76,20 +122,71 @@ def module_name(source: str) -> str:
 
 
 def _write_once(path: Path, source: str) -> bool:
-    """Write `source` to `path` atomically unless it exists; True if this call wrote it."""
+    """Write `source` to `path` atomically unless it exists; True if this call wrote it.
+
+    The complete temporary file is hard-linked into place, which fails if another process
+    got there first: a file, once there, is never replaced (its timestamp keys Numba's cache).
+    """
     if path.exists():
         return False
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp_", suffix=".py")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(source)
-        if path.exists():
+        try:
+            os.link(temp, path)
+        except FileExistsError:
             return False
-        os.replace(temp, path)
+        except OSError:  # a file system without hard links: replace, unless another writer won
+            if path.exists():
+                return False
+            os.replace(temp, path)
         return True
     finally:
         if os.path.exists(temp):
             os.unlink(temp)
+
+
+def _read(path: Path) -> str | None:
+    """The text of `path` (undecodable bytes replaced), or None if it cannot be read."""
+    try:
+        return path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _discard(directory: Path, name: str, why: str) -> None:
+    """Delete module `name`'s file and its files in Numba's cache beside it, with a warning."""
+    warnings.warn(f"discarding the kernel cache entry {name} in {directory}: {why}; rebuilding it",
+                  CacheWarning, stacklevel=4)
+    for path in [directory / f"{name}.py", *(directory / "__pycache__").glob(f"{name}.*")]:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:  # a read-only directory: the caller writes elsewhere
+            pass
+
+
+def _module_file(name: str, source: str) -> Path:
+    """A file that holds exactly `source`: the cached one if it is whole, else one written now."""
+    directory = cache_dir()
+    path = directory / f"{name}.py"
+    found = _read(path)
+    if found is not None and found != source:
+        _discard(directory, name, "the file does not hold the source its name stands for")
+    try:
+        wrote = _write_once(path, source)
+    except OSError as err:
+        path = _private_dir(directory, err) / f"{name}.py"
+        wrote = _write_once(path, source)
+    if _read(path) != source:  # the bad file could not be removed
+        path = _private_dir(directory, PermissionError(errno.EACCES, "a corrupt entry cannot be removed"))
+        path = path / f"{name}.py"
+        wrote = _write_once(path, source)
+    if wrote:
+        STATS.module_file_misses += 1
+    else:
+        STATS.module_file_hits += 1
+    return path
 
 
 def load_module(source: str) -> ModuleType:
@@ -98,11 +195,7 @@ def load_module(source: str) -> ModuleType:
     if name in sys.modules:
         STATS.modules_in_memory += 1
         return sys.modules[name]
-    path = cache_dir() / f"{name}.py"
-    if _write_once(path, source):
-        STATS.module_file_misses += 1
-    else:
-        STATS.module_file_hits += 1
+    path = _module_file(name, source)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -112,6 +205,59 @@ def load_module(source: str) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def _numba_files(directory: Path, name: str) -> list[Path]:
+    """Numba's index and data files of module `name` (`<name>.<function>-<line>.pyXY.nbi/.nbc`)."""
+    return sorted(p for p in directory.glob(f"{name}.*") if p.suffix in (".nbi", ".nbc"))
+
+
+def _digests(files: list[Path]) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def _recorded_digests(manifest: Path) -> dict | None:
+    try:
+        return json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@contextmanager
+def numba_entry(dispatcher, name: str):
+    """Around `dispatcher.compile(...)` of module `name`: hold the module's lock, discard its
+    entry in Numba's cache unless it matches the digests recorded when it was written (so a
+    corrupt entry is never loaded), and record the digests of what is there afterwards."""
+    location = getattr(getattr(dispatcher, "_cache", None), "_cache_path", None)
+    if location is None:  # Numba does not cache this function
+        yield
+        return
+    directory = Path(location)
+    manifest = directory / f"{name}.sha256"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / f"{name}.lock", "a")
+    except OSError:  # Numba cannot write there either
+        yield
+        return
+    with lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        files = _numba_files(directory, name)
+        recorded = _recorded_digests(manifest)
+        if files and recorded != _digests(files):
+            warnings.warn(f"discarding the compiled-kernel cache entry of {name} in {directory}: its files "
+                          "do not match the digests recorded when they were written; recompiling",
+                          CacheWarning, stacklevel=3)
+            for path in files:
+                path.unlink(missing_ok=True)
+        yield
+        written = _digests(_numba_files(directory, name))
+        if written != recorded:
+            fd, temp = tempfile.mkstemp(dir=directory, prefix=".tmp_")
+            with os.fdopen(fd, "w") as f:
+                json.dump(written, f)
+            os.replace(temp, manifest)
 
 
 def record_compile(dispatcher, signature) -> None:
