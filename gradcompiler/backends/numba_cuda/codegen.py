@@ -128,7 +128,7 @@ class _Writer:
         self.lines: list[str] = []
         self.calls: set[str] = set()
         self.dtype = {i.var: i.dtype for phase in kernel.phases for i in phase.instrs}
-        self.layout = self._layout()
+        self.layout = layout_of(kernel)
         inner = tuple(range(1, self.rank))
         self.serial: list[tuple[int, ...]] = []
         self.plans: list[_Plan] = []
@@ -145,16 +145,6 @@ class _Writer:
                     way = "owned" if len(needs) == 1 else "rmw"
                 self.plans.append(_Plan(len(self.plans), red, self.dtype[red.var], p, kept, way))
             self.serial.append(serial)
-
-    def _layout(self) -> str:
-        kernel = self.kernel
-        if self.rank == 0:
-            return "scalar"
-        whole = set(range(self.rank))
-        has_rows = any(p.role == "row" for p in kernel.params)
-        if len(kernel.phases) == 1 and not has_rows and all(set(r.axes) == whole for r in kernel.reductions()):
-            return "flat"
-        return "rows"
 
     # -- small pieces -------------------------------------------------------------------------------
     def emit(self, depth: int, text: str) -> None:
@@ -377,6 +367,27 @@ class _Writer:
                        f"# cuda_math {digest}"]
         text = "\n".join(header + ["", "", "@cuda.jit(cache=True)", f"def kernel({', '.join(params)}):"] + body)
         return CudaKernelSource(text + "\n", self.layout, self.block, partials)
+
+
+def layout_of(kernel: LoopKernel) -> str:
+    """flat, rows or scalar (module docstring)."""
+    rank = len(kernel.domain)
+    if rank == 0:
+        return "scalar"
+    whole = set(range(rank))
+    has_rows = any(p.role == "row" for p in kernel.params)
+    if len(kernel.phases) == 1 and not has_rows and all(set(r.axes) == whole for r in kernel.reductions()):
+        return "flat"
+    return "rows"
+
+
+def block_for(kernel: LoopKernel, limit: int) -> int:
+    """Threads per block: `limit`, or, for rows with little inner work, the power of two that
+    covers a row (at least a warp), so more blocks fit on each multiprocessor."""
+    if layout_of(kernel) != "rows":
+        return limit
+    inner = int(np.prod(kernel.domain[1:], dtype=np.int64))
+    return min(limit, max(32, 1 << max(inner - 1, 0).bit_length()))
 
 
 def generate(kernel: LoopKernel, block: int, shuffle: bool) -> CudaKernelSource:

@@ -32,7 +32,7 @@ from ...feeds import validate_feeds
 from ...ir import Node, TensorType
 from ...kernel import KernelStep, LibraryStep, LoopKernel, Program
 from ..numba_cpu import cache
-from .codegen import CudaKernelSource, generate
+from .codegen import CudaKernelSource, block_for, generate
 from .device import LaunchConfig, copy, default_config, flat, is_device_array, to_device, view
 from .library import cuda_library_kernel
 from .library_reduce import PartialFold
@@ -54,7 +54,7 @@ _COMPILED: dict[tuple[LoopKernel, int, bool], CompiledCudaKernel] = {}
 
 def compile_kernel(kernel: LoopKernel, config: LaunchConfig) -> CompiledCudaKernel:
     """The kernel of `kernel` for `config`'s geometry, generated and loaded at most once."""
-    block, shuffle = config.reduce_block, config.shuffle
+    block, shuffle = block_for(kernel, config.reduce_block), config.shuffle
     key = (kernel, block, shuffle)
     if key not in _COMPILED:
         start = time.perf_counter()
