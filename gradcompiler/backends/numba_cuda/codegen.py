@@ -32,6 +32,10 @@ kernel's structure:
 
 Partials of reductions over axis 0 are folded by
 `library_reduce.PartialFold` after the kernel (the two-stage reduction).
+A rows kernel gets `block_for` threads per block: fewer than the limit
+when its rows are short. Scalar expressions are the CPU backend's
+(`scalar_ops`), so both targets compute the same formulas; their
+transcendental calls (`exp_f32`, ...) resolve to `cuda_math`.
 Identifiers are sanitised (`p3`, `v17`, `i1`); numbers in the source are
 `repr` of ints and floats computed here, typed by `scalar_ops.literal`;
 constants of the graph arrive as parameters.
