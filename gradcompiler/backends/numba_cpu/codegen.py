@@ -273,28 +273,40 @@ class _Writer:
                 if plan.combine and not plan.cross and plan.red.divisor is not None:
                     self._row_slice_loop(depth, plan, "{t} = " + self._finalised(plan, "{t}"))
 
-    def _chunked(self) -> None:
+    def _hoisted(self, depth: int) -> None:
+        """Instructions that depend on no loop index (constants, scalars): once per call."""
+        for phase in self.kernel.phases:
+            for instr in phase.instrs:
+                if self.level[instr.var] == -1:
+                    self._instr(depth, instr)
+
+    def _chunk_body(self) -> None:
+        """The body of `chunk(c, ...)`: rows [lo, hi) of axis 0, every phase, this chunk's partials.
+
+        The guard tells LLVM that `c` and every index derived from it are
+        non-negative, so it drops Numba's negative-index wraparound and the
+        loops vectorise.
+        """
         n0 = self.kernel.domain[0]
-        loop = "prange" if self.parallel else "range"
-        self.emit(1, f"for c in {loop}(nchunks):")
-        self.emit(2, f"lo = c * {n0} // nchunks")
-        self.emit(2, f"hi = (c + 1) * {n0} // nchunks")
+        self.emit(1, "if c < 0 or nchunks <= 0:")
+        self.emit(2, "return None")
+        self._hoisted(1)
+        self.emit(1, f"lo = c * {n0} // nchunks")
+        self.emit(1, f"hi = (c + 1) * {n0} // nchunks")
         for plan in self.plans:
             if plan.cross and plan.combine:
                 size = self._kept_size(plan)
-                self.emit(2, f"for t{plan.index} in range({size}):")
-                self.emit(3, f"q{plan.index}[c * {size} + t{plan.index}] = {init_value(plan.red.mode, plan.dtype)}")
+                self.emit(1, f"for t{plan.index} in range({size}):")
+                self.emit(2, f"q{plan.index}[c * {size} + t{plan.index}] = {init_value(plan.red.mode, plan.dtype)}")
             if plan.register_level == 0:
-                self.emit(2, f"a{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
-        self.emit(2, "for i0 in range(lo, hi):")
+                self.emit(1, f"a{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
+        self.emit(1, "for i0 in range(lo, hi):")
         for p in range(len(self.kernel.phases)):
-            self._phase_level(3, p, 0)
+            self._phase_level(2, p, 0)
         for plan in self.plans:
             if plan.register_level == 0:
-                self._write(2, plan, f"a{plan.index}")
-        for plan in self.plans:
-            if plan.cross:
-                self._combine_partials(plan)
+                self._write(1, plan, f"a{plan.index}")
+        self.emit(1, "return None")
 
     def _combine_partials(self, plan: _ReductionPlan) -> None:
         size, r = self._kept_size(plan), plan.index
@@ -315,28 +327,33 @@ class _Writer:
             self.emit(1, f"p{red.param}[0] = {self._finalised(plan, f'v{red.var}')}")
 
     def source(self) -> KernelSource:
-        params = [f"p{k}" for k in range(len(self.kernel.params))] + self.scratch_names + ["nchunks"]
-        body_start = len(self.lines)
-        for phase in self.kernel.phases:
-            for instr in phase.instrs:
-                if self.level[instr.var] == -1:
-                    self._instr(1, instr)
+        params = ", ".join([f"p{k}" for k in range(len(self.kernel.params))] + self.scratch_names + ["nchunks"])
+        flags = "False" if not self.fastmath else repr(sorted(self.fastmath)).replace("[", "{").replace("]", "}")
+        options = "cache=True, nogil=True, error_model='numpy', boundscheck=False, fastmath=" + flags
+        functions: list[str] = []
         if self.rank == 0:
+            self._hoisted(1)
             self._scalar_kernel()
+            self.emit(1, "return None")
         else:
-            self._chunked()
-        self.emit(1, "return None")
-        body = self.lines[body_start:]
+            self._chunk_body()
+            functions += [f"@njit(parallel=False, {options})", f"def chunk(c, {params}):", *self.lines, "", ""]
+            self.lines = []
+            loop = "prange" if self.parallel else "range"
+            self.emit(1, f"for c in {loop}(nchunks):")
+            self.emit(2, f"chunk(np.intp(c), {params})")
+            for plan in self.plans:
+                if plan.cross:
+                    self._combine_partials(plan)
+            self.emit(1, "return None")
+        functions += [f"@njit(parallel={self.parallel}, {options})", f"def kernel({params}):", *self.lines]
         described = ", ".join(f"{p.role} {p.dtype.name}[{p.size}]" for p in self.kernel.params)
         header = [f"# parameters: {described}", "import numpy as np", "from numba import njit, prange"]
         if self.calls:
             header.append(f"from gradcompiler.backends.numba_cpu.mathfuncs import {', '.join(sorted(self.calls))}")
         if self.helpers:
             header.append(f"from gradcompiler.backends.numba_cpu.rowreduce import {', '.join(sorted(self.helpers))}")
-        flags = "False" if not self.fastmath else repr(sorted(self.fastmath)).replace("[", "{").replace("]", "}")
-        decorator = (f"@njit(parallel={self.parallel}, cache=True, nogil=True, error_model='numpy', "
-                     f"boundscheck=False, fastmath={flags})")
-        text = "\n".join(header + ["", "", decorator, f"def kernel({', '.join(params)}):"] + body) + "\n"
+        text = "\n".join(header + ["", ""] + functions) + "\n"
         return KernelSource(text, tuple(self.scratch), self.parallel)
 
 
