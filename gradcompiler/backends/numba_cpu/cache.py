@@ -22,8 +22,9 @@ files of a module are used only if they match the SHA-256 digests recorded
 (`<module>.sha256`, beside them) when this library had Numba write them,
 under a per-module file lock, so two processes compiling the same kernel
 take turns and the second one loads what the first wrote. An entry that
-fails either check (truncated, corrupted, edited, left half-written) is
-deleted and rebuilt with a `CacheWarning`. A cache directory that cannot be
+fails either check (truncated, corrupted, edited) is deleted and rebuilt
+with a `CacheWarning`; one with no record at all (written before records
+existed, or by a process that died mid-compile) is rebuilt quietly. A cache directory that cannot be
 written is replaced, with a `CacheWarning`, by a private temporary one:
 compilation works, only the caching is lost.
 
@@ -246,9 +247,10 @@ def numba_entry(dispatcher, name: str):
         files = _numba_files(directory, name)
         recorded = _recorded_digests(manifest)
         if files and recorded != _digests(files):
-            warnings.warn(f"discarding the compiled-kernel cache entry of {name} in {directory}: its files "
-                          "do not match the digests recorded when they were written; recompiling",
-                          CacheWarning, stacklevel=3)
+            if recorded is not None or manifest.exists():  # no record at all: written before records were
+                warnings.warn(f"discarding the compiled-kernel cache entry of {name} in {directory}: its "
+                              "files do not match the digests recorded when they were written; recompiling",
+                              CacheWarning, stacklevel=3)
             for path in files:
                 path.unlink(missing_ok=True)
         yield
