@@ -10,9 +10,9 @@ same small graph, checks its values against numpy, and reports the
 `CacheWarning`s it saw and `gc.cache_info()`.
 
 Checked: a truncated, garbled or edited module file, a truncated or garbled
-Numba index or data file, one flipped bit, a missing or garbled digest
-record: each is discarded with a warning and rebuilt, and the rebuilt entry
-loads cleanly next time; a read-only or uncreatable cache directory;
+Numba index or data file, one flipped bit, a garbled digest record: each is
+discarded with a warning and rebuilt (a missing record: rebuilt quietly),
+and the rebuilt entry loads cleanly next time; a read-only or uncreatable cache directory;
 processes compiling the same graph at the same moment; a Numba upgrade.
 """
 
@@ -198,9 +198,12 @@ CORRUPTIONS = {
     "index-garbled": (index_file, garble),
     "data-truncated": (data_file, truncate),
     "data-one-bit-flipped": (data_file, keep_mtime(flip_one_bit)),
-    "digests-missing": (digest_record, Path.unlink),
     "digests-garbled": (digest_record, garble),
+    "digests-missing": (digest_record, Path.unlink),
 }
+UNRECORDED = {"digests-missing"}
+"""Entries with no digest record (written before records existed, or by a process that died
+mid-compile) cannot be verified: they are rebuilt too, but quietly, as nothing is known wrong."""
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +228,10 @@ def corruption_reports(pristine, tmp_path_factory) -> dict[str, tuple[Path, dict
 def test_a_corrupt_entry_is_discarded_with_a_warning_and_rebuilt(corruption, corruption_reports, pristine):
     directory, met, after, files_after_rebuild = corruption_reports[corruption]
     assert met["ok"], "the damaged entry was used: wrong values"
-    assert len(met["warnings"]) == 1 and "discarding" in met["warnings"][0], met["warnings"]
+    if corruption in UNRECORDED:
+        assert met["warnings"] == []
+    else:
+        assert len(met["warnings"]) == 1 and "discarding" in met["warnings"][0], met["warnings"]
     assert met["info"]["kernels_compiled"] == pristine[1]["info"]["kernels_compiled"]  # rebuilt, not loaded
     assert files_after_rebuild == module_files(pristine[0])
     # the rebuilt entry is whole, and the next process loads it without compiling or warning
