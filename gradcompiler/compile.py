@@ -187,8 +187,8 @@ class Executable:
         for k in self.kernels:
             where = f"{k.module} {'parallel' if k.parallel else 'serial'}" if k.kind == "loop" else "library"
             ops = ", ".join(k.ops[:6]) + (f", … ({len(k.ops)} ops)" if len(k.ops) > 6 else "")
-            lines.append(f"  {k.name:<18} {k.kind:<7} {list(k.space)!s:<16} {_size(k.bytes_moved)} moved, "
-                         f"{k.flops / 1e6:.2f} MFLOP  [{where}]  {ops}")
+            lines.append(f"  {k.name:<20} {k.kind:<7} {list(k.space)!s:<16} {_size(k.bytes_moved)} moved, "
+                         f"{_count(k.flops)}FLOP  [{where}]  {ops}")
         if self.memory is not None:
             lines.append(f"memory: peak {_size(self.memory.peak_bytes)} "
                          f"(unfused {_size(self.memory.unfused_peak_bytes)}), arena {_size(self.memory.arena_bytes)}")
@@ -236,6 +236,13 @@ def clear_cache() -> None:
     from .backends.numba_cpu.cache import clear_cache as clear
 
     clear()
+
+
+def _count(n: int) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} "
 
 
 def _size(nbytes: int) -> str:
