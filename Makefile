@@ -20,8 +20,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest tests
 
+# random graphs: FUZZ_EXAMPLES checked against finite differences and compiled for the CPU
+# (a tenth of them for the CUDA simulator); prints the counts
+FUZZ_EXAMPLES ?= 2000
 fuzz: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 GRADCOMPILER_FUZZ_EXAMPLES=2000 $(PY) -m pytest tests/hardening/test_fuzz.py -q -s
+	NUMBA_ENABLE_CUDASIM=1 HYPOTHESIS_PROFILE=fuzz GRADCOMPILER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
+		$(PY) -m pytest tests/hardening/test_fuzz_random_graphs.py -q -s -p no:warnings
 
 bench: $(STAMP)
 	$(VENV)/bin/gradcompiler bench --json bench-results/bench.json --markdown bench-results/bench.md --plot bench-results/bench.png
