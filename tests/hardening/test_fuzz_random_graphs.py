@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import os
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 
@@ -32,6 +33,12 @@ FUZZ = os.environ.get("HYPOTHESIS_PROFILE") == "fuzz"
 FUZZ_EXAMPLES = int(os.environ.get("GRADCOMPILER_FUZZ_EXAMPLES", "2000"))
 REFERENCE_EXAMPLES = FUZZ_EXAMPLES if FUZZ else 250
 PER_RECIPE_EXAMPLES = 6
+COMPILED_EXAMPLES = {"cpu": FUZZ_EXAMPLES if FUZZ else 40, "cuda": FUZZ_EXAMPLES // 10 if FUZZ else 8}
+"""Numba compiles every new kernel (about a second each), and the CUDA simulator runs every
+GPU thread as a Python thread: the compiled share of `make test` is kept small."""
+TOLERANCE = {"float32": (1e-3, 1e-4), "float64": (1e-8, 1e-10)}
+"""(rtol, atol relative to the output's largest magnitude): the CPU backend's float32 exp, log,
+tanh... are its own polynomial approximations, a few ulp from numpy's."""
 
 CHECKED: collections.Counter = collections.Counter()
 
@@ -80,6 +87,39 @@ def test_each_recipe_against_finite_differences(recipe):
     def check(case):
         check_against_finite_differences(case)
         CHECKED["per-recipe/finite-differences"] += 1
+
+    check()
+
+
+def run_compiled(case, target: str) -> None:
+    """Compile the case's outputs and the gradient of their sum; compare with the reference."""
+    grads = gc.grad(sum(o.sum() for o in case.outputs), case.wrt)
+    outputs = [*case.outputs, *grads]
+    expected = gc.evaluate(outputs, case.feeds)
+    step = gc.compile(outputs, target=target)
+    feeds_before = {name: value.copy() for name, value in case.feeds.items()}
+    got = step(**case.feeds, to_host=True) if target == "cuda" else step(**case.feeds)
+    for name, value in case.feeds.items():
+        np.testing.assert_array_equal(value, feeds_before[name], err_msg=f"feed {name} was written")
+    for tensor, want, value in zip(outputs, expected, got):
+        label = f"%{tensor.id} {tensor.node.op.label}"
+        assert value.shape == want.shape and value.dtype == want.dtype, label
+        if want.dtype.kind != "f":
+            np.testing.assert_array_equal(value, want, err_msg=label)
+            continue
+        rtol, atol = TOLERANCE[want.dtype.name]
+        scale = max(1.0, float(np.abs(want[np.isfinite(want)]).max(initial=0.0)))
+        np.testing.assert_allclose(value, want, rtol=rtol, atol=atol * scale, equal_nan=True, err_msg=label)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_compiled_values_and_gradients_match_the_reference(target):
+
+    @settings(max_examples=COMPILED_EXAMPLES[target])
+    @given(fuzz_cases(max_steps=8 if target == "cpu" else 4))
+    def check(case):
+        run_compiled(case, target)
+        CHECKED[f"compiled-{target}/reference"] += 1
 
     check()
 
