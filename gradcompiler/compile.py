@@ -30,7 +30,7 @@ from passes.pipeline import DEFAULT_PIPELINE, Pass, debug_from_env, format_stats
 from passes.memory import run as memory_pass
 
 from .backends import require_target
-from .errors import FeedError, GraphError, NonFiniteError
+from .errors import DTypeError, FeedError, GraphError, NonFiniteError
 from .feeds import validate_feeds
 from .frontend.tensor import Tensor
 from .ir import Graph, Node, call_site
@@ -75,6 +75,17 @@ def _step_label(graph: Graph, step) -> str:
     """Kernel name and the forward op each output comes from (for NonFiniteError)."""
     forward = [_forward_label(graph, graph[n]) for n in _step_nodes(step)]
     return f"kernel {step.name}, computing {'; '.join(dict.fromkeys(forward[-3:]))}"
+
+
+def _check_dtypes(graph: Graph, target: str) -> None:
+    """Numba has no float16 arithmetic on the CPU: refuse it here, naming the user's op,
+    rather than fail inside Numba's type inference."""
+    if target != "cpu":
+        return
+    half = next((n for n in graph.nodes.values() if n.type.dtype == np.float16), None)
+    if half is not None:
+        raise DTypeError(f"the cpu target cannot compute float16 ({_describe(half)}); cast to float32, "
+                         "or compile for target='cuda'", op=half.op.label, site=half.site)
 
 
 def _library_flops(graph: Graph, step: LibraryStep) -> int:
@@ -282,6 +293,7 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     graph, ctx = optimize(source_graph, [t.id for t in tensors], passes=passes,
                           extra_passes=_with_fuse(passes, extra_passes), debug=debug)
     _ensure_planned(graph, ctx)
+    _check_dtypes(graph, target)
     timings["passes"] = time.perf_counter() - start
     start = time.perf_counter()
     program = lower(graph, ctx.fusion, ctx.memory)
