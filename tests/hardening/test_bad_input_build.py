@@ -274,3 +274,15 @@ def test_grad_wrt_an_integer_input_is_refused():
         with pytest.raises(NotDifferentiableError, match="labels.*int32.*only float") as info:
             gc.grad(loss, [x, labels])
     assert info.value.site.startswith(HERE)
+
+
+def test_a_dtype_the_target_cannot_compute_is_refused_when_compiling():
+    """float16 is a valid tensor dtype (the reference computes it), but Numba has no float16
+    arithmetic on the CPU: compile names the op and its line instead of failing in Numba."""
+    with gc.Graph("half"):
+        x = gc.input("x", (3,), "float16")
+        y = x * 2.0  # the first float16 op
+    np.testing.assert_array_equal(gc.evaluate(y, x=np.ones(3, np.float16)), [2, 2, 2])
+    with pytest.raises(DTypeError, match=r"cpu target cannot compute float16.*cast to float32") as info:
+        gc.compile(y, target="cpu")
+    assert info.value.site.startswith(HERE + ":")
