@@ -110,8 +110,9 @@ def expm1_f32(x):
     """2^k·(expm1(r) + 1) − 1, arranged so that no step cancels or overflows early."""
     em1, k = _exp_parts_f32(x)
     s1, s2 = _pow2_halves_f32(k)
-    i1, i2 = _pow2_halves_f32(-k)
-    above = ((em1 + (_ONE - i1 * i2)) * s1) * s2    # k > 0: 1 − 2^-k is exact for k <= 24
+    # k > 0: 1 − 2^-k is exact for k <= 24 and rounds to 1 from k = 25 on
+    inverse = float32_from_bits((127 - np.int32(min(k, _F(25.0)))) << 23)
+    above = ((em1 + (_ONE - inverse)) * s1) * s2
     scale = s1 * s2
     below = fma(scale, em1, scale - _ONE)            # k < 0: no overflow possible
     result = above if k > _ZERO else below
@@ -132,10 +133,12 @@ _LN2_LO_POS_32 = _F(9.0580006145e-06)
 
 @njit(inline="always", cache=True)
 def log_f32(x):
+    """musl's logf without branches. The np.int32 casts keep the integer work in
+    32-bit lanes (Numba widens int32 arithmetic to int64, halving the vector width)."""
     subnormal = x < _SMALLEST_NORMAL_32
     xs = x * _TWO_POW_25 if subnormal else x
-    bits = float_bits(xs) + (0x3F800000 - _SQRT_HALF_BITS_32)
-    k = (bits >> 23) - 0x7F - (25 if subnormal else 0)
+    bits = np.int32(float_bits(xs) + (0x3F800000 - _SQRT_HALF_BITS_32))
+    k = np.int32((bits >> 23) - 0x7F - (25 if subnormal else 0))
     m = float32_from_bits((bits & 0x7FFFFF) + _SQRT_HALF_BITS_32)  # in [sqrt(2)/2, sqrt(2))
     f = m - _ONE
     s = divide(f, _TWO + f)

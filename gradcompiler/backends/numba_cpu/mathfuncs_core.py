@@ -225,37 +225,43 @@ def _pi_fixed(bits: int) -> int:
     return (16 * arctan_inverse(5) - 4 * arctan_inverse(239)) >> 32
 
 
-def _quarter_turn_table(piece_bits: int = 26, pieces: int = 4) -> tuple[np.ndarray, ...]:
-    """For each float32 biased exponent E: (2^e·2/π) mod 4 as `pieces` float64 chunks.
+_FIRST_HUGE_EXPONENT = 150             # |x| >= 2^23: the Cody-Waite products stop being exact
+_PIECE_BITS = 26                       # m·piece is exact in float64 for m < 2^24
 
-    A float32 |x| is an integer m < 2^24 times 2^e (e = max(E, 1) − 150), so
-    |x|·2/π ≡ m·((2^e·2/π) mod 4) (mod 4), the four quadrants. Each chunk
-    holds the next `piece_bits` bits, so m·chunk is exact in float64; 104 bits
-    in all keep the reduction exact enough even for the largest float32
-    (a Payne-Hanek reduction by table). E = 255 (inf, NaN) gets zeros.
+
+def _quarter_turn_table() -> tuple[np.ndarray, np.ndarray]:
+    """For each float32 biased exponent E >= 150: (2^e·2/π) mod 4, e = E − 150.
+
+    A float32 |x| >= 2^23 is an integer m < 2^24 times 2^e, so
+    |x|·2/π ≡ m·((2^e·2/π) mod 4) (mod 4): the quadrant and the remainder
+    come from a table by exponent (a Payne-Hanek reduction). The leading
+    104 bits of each entry are stored as two float64s of 52 bits (each two
+    26-bit pieces, split again at run time), so a lane needs two table loads
+    instead of four. Other exponents get zeros.
     """
     precision = 480
     two_over_pi = (1 << (2 * precision + 1)) // _pi_fixed(precision)  # floor(2/π·2^precision)
-    table = np.zeros((pieces, 256))
-    for biased in range(255):
-        e = max(biased, 1) - 150
-        if e >= 0:
-            numerator, scale = (two_over_pi << e) % (4 << precision), precision
-        else:
-            numerator, scale = two_over_pi, precision - e
-        top = numerator.bit_length()
-        for i in range(pieces):
-            shift = top - piece_bits * (i + 1)
-            aligned = numerator >> shift if shift >= 0 else numerator << -shift
-            chunk = aligned & ((1 << piece_bits) - 1)
-            table[i, biased] = math.ldexp(float(chunk), shift - scale)
-    return tuple(np.ascontiguousarray(row) for row in table)
+    high, low = np.zeros(256), np.zeros(256)
+    for biased in range(_FIRST_HUGE_EXPONENT, 255):
+        numerator = (two_over_pi << (biased - 150)) % (4 << precision)
+        shift = numerator.bit_length() - 4 * _PIECE_BITS
+        window = numerator >> shift                      # the leading 104 bits
+        high[biased] = math.ldexp(float(window >> 2 * _PIECE_BITS), shift + 2 * _PIECE_BITS - precision)
+        low[biased] = math.ldexp(float(window & ((1 << 2 * _PIECE_BITS) - 1)), shift - precision)
+    return high, low
 
 
-_TURN0, _TURN1, _TURN2, _TURN3 = _quarter_turn_table()
+_TURN_HIGH, _TURN_LOW = _quarter_turn_table()
 _PI_OVER_2 = math.pi / 2
 _TWO_OVER_PI = 2 / math.pi
-_FIRST_HUGE_EXPONENT = 150             # |x| >= 2^23: the Cody-Waite products stop being exact
+_HIGH_PIECE_MASK = ~((1 << (52 - _PIECE_BITS + 1)) - 1)   # keeps the leading 26 significant bits
+
+
+@njit(inline="always", cache=True)
+def _split_pieces(d):
+    """d (<= 52 significant bits) as two floats of <= 26 bits each, d = a + b exactly."""
+    a = float64_from_bits(float_bits(d) & _HIGH_PIECE_MASK)
+    return a, d - a
 
 
 def _cody_waite_pieces(bits: int = 30, pieces: int = 4) -> tuple[float, ...]:
@@ -289,12 +295,13 @@ def quarter_turns_f64v(x):
     biased = bits >> 23
     huge = biased >= _FIRST_HUGE_EXPONENT
     m = np.float64((bits & 0x7FFFFF) | 0x800000)
-    q = m * _TURN0[biased] if huge else 0.0
+    high0, high1 = _split_pieces(_TURN_HIGH[biased] if huge else 0.0)
+    low0, low1 = _split_pieces(_TURN_LOW[biased] if huge else 0.0)
+    q = m * high0
     q0 = q - 4.0 * np.floor(q * 0.25)            # exact: drops whole turns
-    q1 = m * _TURN1[biased] if huge else 0.0
-    tail = m * _TURN2[biased] + m * _TURN3[biased] if huge else 0.0
+    q1 = m * high1
     k_huge = np.floor(q0 + q1 + 0.5)
-    r_huge = (((q0 - k_huge) + q1) + tail) * _PI_OVER_2
+    r_huge = (((q0 - k_huge) + q1) + (m * low0 + m * low1)) * _PI_OVER_2
     ax = abs(np.float64(x))
     k = np.floor(fma(ax, _TWO_OVER_PI, 0.5))
     r = fma(k, -_PIO2_1, ax)
