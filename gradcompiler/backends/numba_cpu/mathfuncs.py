@@ -15,14 +15,17 @@ dtype, and gets special values right: ±inf, NaN, overflow to inf, underflow
 to 0 (gradually, through the subnormals), tiny inputs (tanh(x) = x,
 expm1/log1p exact near 0), log(0) = −inf, log of a negative = NaN. Two-input
 functions: `pow(a, b)`, and `gelu_grad(x, g)` / `softplus_grad(x, g)` with
-the upstream gradient second. Callers must not compile with fastmath's
-`nnan`/`ninf` flags, which would fold the NaN selects away.
+the upstream gradient second. Divisions go through an IEEE intrinsic, so
+the functions behave the same under either Numba error model. Callers must
+not compile with fastmath's `nnan`/`ninf` flags, which would fold the NaN
+selects away.
 
 Accuracy of the float32 versions against float64 references (max ulp over
 dense sweeps of the whole float32 range, measured by
 tests/backends/test_mathfuncs_accuracy.py, which prints the table): exp,
-log, sqrt, rsqrt, erf, gelu, gelu_grad, pow, sin, cos <= 1 (the float64-core
-ones are correctly rounded but for ~1e-4 of a ulp); expm1, log1p, softplus
+log, sqrt, rsqrt, erf, gelu, pow, sin, cos <= 1 (the float64-core ones are
+correctly rounded but for ~1e-4 of a ulp), gelu_grad <= 1 ulp of its larger
+term (it cancels near x = -0.75); expm1, log1p, softplus
 <= 2; sigmoid <= 3; softplus_grad <= 4; tanh <= 5 (Eigen's rational
 approximation: the fast path of the benchmarks' tanh kernels).
 """
