@@ -270,9 +270,10 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     `passes` replaces the default pipeline, `extra_passes` run before the
     memory plan; `debug=True` verifies the graph after every pass and
     checks every kernel's outputs for NaN/Inf (NonFiniteError naming the
-    kernel and the forward op). `fastmath`: False (default: only fused
-    multiply-add), True (every LLVM fast-math flag but nnan/ninf), or a set
-    of LLVM flag names.
+    kernel and the forward op). `fastmath`: False (default: fused
+    multiply-add and reassociation, which change rounding but not special
+    values), True (every LLVM fast-math flag but nnan/ninf), or a set of
+    LLVM flag names.
     """
     require_target(target)
     debug = debug or debug_from_env()

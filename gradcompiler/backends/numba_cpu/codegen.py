@@ -16,14 +16,18 @@ Loop structure (what makes it fast):
   allow (loads of a bias row hoist out of the inner loop; constants out of
   the kernel loop altogether), so the innermost body is just the work.
 * Reductions never race and never stop vectorisation:
-  - over the innermost axis: values go to a per-thread row buffer in the
-    loop, and `rowreduce.<mode>_row` reduces the row after it;
-  - over outer axes only: a register opened before the outermost reduced
-    loop that has only reduced loops inside it, else a read-modify-write
-    of the target (a column sum adds a whole row into a per-thread row of
-    partials, which vectorises);
+  - in a register opened before the outermost reduced loop that has only
+    reduced loops inside it (LLVM vectorises the accumulation: kernels are
+    compiled with `reassoc`), else by a read-modify-write of the target (a
+    column sum adds a whole row into a per-thread row of partials);
+  - without `reassoc` (a `fastmath` set that leaves it out), a reduction
+    over the innermost axis stores its values to a per-thread row buffer
+    in the loop, and `rowreduce.<mode>_row` (compiled with `reassoc` in its
+    own scope) reduces the row after it;
   - over axis 0 (column sums, the loss): each thread accumulates into its
     own partials (`q<r>`, nchunks × kept size), combined after the prange.
+* Every array index is unsigned (`_at`), sparing Numba's negative-index
+  wraparound, which LLVM cannot remove and which stops vectorisation.
 * Selects are conditional expressions, literals are typed, float32 stays
   float32 (`scalar_ops`). No array is allocated inside a kernel.
 
@@ -61,6 +65,13 @@ class KernelSource:
     parallel: bool
 
 
+def _at(array: str, flat: str) -> str:
+    """`array[flat]` with an unsigned index: every index here is non-negative by construction,
+    and an unsigned one spares Numba's negative-index wraparound, which would stop
+    LLVM from vectorising the loop."""
+    return f"{array}[np.uint64({flat})]"
+
+
 def init_value(mode: str, dtype: np.dtype) -> str:
     dtype = np.dtype(dtype)
     if mode in _INIT:
@@ -91,9 +102,9 @@ class _ReductionPlan:
         return self.register_level - 1 if self.register_level is not None else self.value_level
 
 
-def _plan_reduction(index: int, red: Reduction, dtype, phase: int, rank: int) -> _ReductionPlan:
+def _plan_reduction(index: int, red: Reduction, dtype, phase: int, rank: int, reassociate: bool) -> _ReductionPlan:
     axes = set(red.axes)
-    helper = rank >= 2 and rank - 1 in axes
+    helper = rank >= 2 and rank - 1 in axes and not reassociate
     level = rank - 2 if helper else rank - 1
     remaining = axes - {rank - 1} if helper else axes
     start = level + 1
@@ -124,7 +135,7 @@ class _Writer:
         for p, phase in enumerate(kernel.phases):
             for red in phase.reductions:
                 dtype = next(i.dtype for i in phase.instrs if i.var == red.var)
-                plan = _plan_reduction(len(self.plans), red, dtype, p, self.rank)
+                plan = _plan_reduction(len(self.plans), red, dtype, p, self.rank, "reassoc" in fastmath)
                 self.plans.append(plan)
                 if plan.helper:
                     self._add_scratch(f"w{plan.index}", plan.dtype, kernel.domain[-1])
@@ -159,8 +170,8 @@ class _Writer:
         spec = self.kernel.params[param]
         flat = index.render(self.names)
         if spec.role == "row":
-            return f"p{param}[c * {spec.size} + {flat}]"
-        return f"p{param}[{flat}]"
+            return _at(f"p{param}", f"c * {spec.size} + {flat}")
+        return _at(f"p{param}", flat)
 
     def _instr(self, depth: int, instr) -> None:
         expr = instr.expr
@@ -183,12 +194,12 @@ class _Writer:
 
     def _target(self, plan: _ReductionPlan) -> str:
         if plan.cross:
-            return f"q{plan.index}[c * {self._kept_size(plan)} + {self._kept_flat(plan, plan.kept)}]"
+            return _at(f"q{plan.index}", f"c * {self._kept_size(plan)} + {self._kept_flat(plan, plan.kept)}")
         spec = self.kernel.params[plan.red.param]
         if spec.role == "row":
             inner = tuple(k for k in plan.kept if k != 0)
-            return f"p{plan.red.param}[c * {spec.size} + {self._kept_flat(plan, inner)}]"
-        return f"p{plan.red.param}[{self._kept_flat(plan, plan.kept)}]"
+            return _at(f"p{plan.red.param}", f"c * {spec.size} + {self._kept_flat(plan, inner)}")
+        return _at(f"p{plan.red.param}", self._kept_flat(plan, plan.kept))
 
     def _finalised(self, plan: _ReductionPlan, value: str) -> str:
         if plan.red.divisor is None:
@@ -222,7 +233,7 @@ class _Writer:
         inner = tuple(k for k in plan.kept if k != 0)
         size = int(np.prod([self.kernel.domain[k] for k in inner], dtype=np.int64))
         base = f"c * {spec.size}" if spec.role == "row" else f"i0 * {size}"
-        element = f"p{plan.red.param}[{base} + t{plan.index}]"
+        element = _at(f"p{plan.red.param}", f"{base} + t{plan.index}")
         self.emit(depth, f"for t{plan.index} in range({size}):")
         self.emit(depth + 1, body.format(t=element))
 
@@ -265,7 +276,8 @@ class _Writer:
             for plan in mine:
                 value = f"v{plan.red.var}"
                 if plan.helper:
-                    self.emit(depth, f"w{plan.index}[c * {self.kernel.domain[-1]} + i{self.rank - 1}] = {value}")
+                    row = _at(f"w{plan.index}", f"c * {self.kernel.domain[-1]} + i{self.rank - 1}")
+                    self.emit(depth, f"{row} = {value}")
                 else:
                     self._update(depth, plan, value)
         if level == 0:
@@ -297,7 +309,8 @@ class _Writer:
             if plan.cross and plan.combine:
                 size = self._kept_size(plan)
                 self.emit(1, f"for t{plan.index} in range({size}):")
-                self.emit(2, f"q{plan.index}[c * {size} + t{plan.index}] = {init_value(plan.red.mode, plan.dtype)}")
+                self.emit(2, f"{_at(f'q{plan.index}', f'c * {size} + t{plan.index}')} = "
+                             f"{init_value(plan.red.mode, plan.dtype)}")
             if plan.register_level == 0:
                 self.emit(1, f"a{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
         self.emit(1, "for i0 in range(lo, hi):")
@@ -310,21 +323,21 @@ class _Writer:
 
     def _combine_partials(self, plan: _ReductionPlan) -> None:
         size, r = self._kept_size(plan), plan.index
-        combine = _COMBINE[plan.red.mode].format(a=f"b{r}", b=f"q{r}[cc * {size} + t{r}]")
+        combine = _COMBINE[plan.red.mode].format(a=f"b{r}", b=_at(f"q{r}", f"cc * {size} + t{r}"))
         self.emit(1, f"for t{r} in range({size}):")
-        self.emit(2, f"b{r} = q{r}[t{r}]")
+        self.emit(2, f"b{r} = {_at(f'q{r}', f't{r}')}")
         self.emit(2, "for cc in range(1, nchunks):")
         self.emit(3, f"b{r} = {combine}")
-        self.emit(2, f"p{plan.red.param}[t{r}] = {self._finalised(plan, f'b{r}')}")
+        self.emit(2, f"{_at(f'p{plan.red.param}', f't{r}')} = {self._finalised(plan, f'b{r}')}")
 
     def _scalar_kernel(self) -> None:
         """A rank-0 domain: straight-line code."""
         (phase,) = self.kernel.phases
         for store in phase.stores:
-            self.emit(1, f"p{store.param}[0] = v{store.var}")
+            self.emit(1, f"{_at(f'p{store.param}', '0')} = v{store.var}")
         for red in phase.reductions:
             plan = self.plans[[pl.red for pl in self.plans].index(red)]
-            self.emit(1, f"p{red.param}[0] = {self._finalised(plan, f'v{red.var}')}")
+            self.emit(1, f"{_at(f'p{red.param}', '0')} = {self._finalised(plan, f'v{red.var}')}")
 
     def source(self) -> KernelSource:
         params = ", ".join([f"p{k}" for k in range(len(self.kernel.params))] + self.scratch_names + ["nchunks"])
