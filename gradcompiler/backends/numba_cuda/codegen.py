@@ -186,7 +186,7 @@ class _Writer:
         """Loop indices of `axes` from the row-major position `flat` over them."""
         stride = self._size(axes)
         for k in axes:
-            stride //= self.kernel.domain[k]
+            stride //= max(self.kernel.domain[k], 1)  # an empty axis: the loop around this never runs
             if self.kernel.domain[k] == 1:
                 self.emit(depth, f"i{k} = 0")
                 continue
