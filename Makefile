@@ -21,7 +21,7 @@ test: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest tests
 
 # random graphs: FUZZ_EXAMPLES checked against finite differences and compiled for the CPU
-# (a tenth of them for the CUDA simulator); prints the counts
+# (half as many for the CUDA simulator); prints the counts
 FUZZ_EXAMPLES ?= 2000
 fuzz: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 HYPOTHESIS_PROFILE=fuzz GRADCOMPILER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
