@@ -7,6 +7,10 @@ shifted copy for an integer-translation warp. Shapes are tiny and dtypes
 few, so Numba compiles each loop once or twice. float32 results must agree
 to rtol 1e-5, float64 to rtol 1e-10. A bad index must raise
 IndexOutOfRangeError in this process, before anything is written.
+
+Tiny shapes run the serial compilation of each loop; the tests marked with
+the `parallel_loops` fixture force the parallel one (the race-free scatter
+partitions included).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gradcompiler.backends.numba_cpu import library
 from gradcompiler.backends.numba_cpu.library import library_kernel, run_library_op
 from gradcompiler.errors import IndexOutOfRangeError
 from gradcompiler.ops.indexing import (
@@ -38,6 +43,12 @@ from gradcompiler.ops.vision import (
 )
 
 RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}
+
+
+@pytest.fixture
+def parallel_loops(monkeypatch):
+    """Run the parallel compilation of every loop, whatever the size."""
+    monkeypatch.setattr(library, "PARALLEL_MIN_WORK", 0)
 
 
 def assert_matches(op, *inputs, atol=0.0):
@@ -295,3 +306,47 @@ def test_warp_mat_idx_out_of_range_raises(rng):
     with pytest.raises(IndexOutOfRangeError, match=r"mat_idx value -1"):
         run_library_op(WarpPerspectiveBackwardData(src.shape, "wrap", 0.0, "NCHW"), mat,
                        np.array([-1, 0], np.int32), g)
+
+
+# -- the parallel compilations -----------------------------------------------------------------
+
+@pytest.mark.parametrize("items,shape,indices", [ADVANCED_CASES[0], ADVANCED_CASES[4]])
+def test_parallel_gather_and_scatters(parallel_loops, rng, items, shape, indices):
+    data = randn(rng, shape)
+    region = assert_matches(IndexingMultiAxisVec(items), data, *indices)
+    value = randn(rng, region.shape)
+    got = assert_matches(IndexingIncrMultiAxisVec(items), data, value, *indices)
+    grid = np.arange(data.size).reshape(shape)
+    expected = data.copy().reshape(-1)
+    np.add.at(expected, IndexingMultiAxisVec(items).reference(grid, *indices).ravel(), value.ravel())
+    np.testing.assert_array_equal(got.reshape(-1), expected)
+    assert_matches(IndexingSetMultiAxisVec(items), data, value, *indices)
+
+
+def test_parallel_embedding_scatter(parallel_loops, rng):
+    """Both partitions see repeats of rows they own; sums must equal np.add.at's exactly."""
+    idx = rng.integers(0, 40, 5000)
+    g = randn(rng, (5000, 8))
+    table = np.zeros((40, 8), np.float32)
+    library_kernel(IndexingIncrMultiAxisVec((TensorItem(0),)))(table, g, idx, out=table)
+    expected = np.zeros((40, 8), np.float32)
+    np.add.at(expected, idx, g)
+    np.testing.assert_array_equal(table, expected)
+
+
+def test_parallel_one_hot(parallel_loops, rng):
+    src = randn(rng, (6, 5, 4))
+    index = rng.integers(0, 5, (6, 4))
+    got = assert_matches(IndexingOneHot(1), src, index)
+    assert_matches(IndexingSetOneHot(1), src, index, randn(rng, got.shape))
+
+
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+def test_parallel_warps(parallel_loops, rng, fmt):
+    src = _images(rng, fmt)
+    mat = _matrices(rng, 3)
+    mat_idx = np.array([1, 1, 0], np.int32)
+    out = assert_matches(WarpPerspective((5, 8), "reflect", 0.0, fmt), src, mat, mat_idx, atol=1e-6)
+    g = randn(rng, out.shape)
+    assert_matches(WarpPerspectiveBackwardData(src.shape, "reflect", 0.0, fmt), mat, mat_idx, g, atol=1e-5)
+    assert_matches(WarpPerspectiveBackwardMat("reflect", 0.0, fmt), src, mat, mat_idx, g, atol=1e-4)

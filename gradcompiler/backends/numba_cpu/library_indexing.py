@@ -29,9 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ...ops.indexing import (
     IndexingIncrMultiAxisVec,
@@ -42,12 +41,12 @@ from ...ops.indexing import (
     SliceItem,
     TensorItem,
 )
-from .library import LibraryKernel, index_error, library_kernel
+from .library import LibraryKernel, ParallelLoop, index_error, library_kernel, partition_count
 
 # -- loops -------------------------------------------------------------------------------------
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@ParallelLoop
 def _flat_positions(indices, sizes, strides, base, pos):
     """pos[p] = base + Σ_j wrap(indices[j, p])·strides[j]; returns how many are out of range."""
     bad = 0
@@ -69,7 +68,7 @@ def _flat_positions(indices, sizes, strides, base, pos):
 # A negative stride still works: the unsigned sums wrap modulo 2^64.
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@ParallelLoop
 def _gather(data, pos, pre_offsets, post_offsets, run, run_stride, parts, out):
     """out[a, p, o, b] = data[pos[p] + pre_offsets[a] + post_offsets[o] + b·run_stride].
 
@@ -96,7 +95,7 @@ def _gather(data, pos, pre_offsets, post_offsets, run, run_stride, parts, out):
                 p, a = 0, a + 1
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@ParallelLoop
 def _scatter(out, value, pos, pre_offsets, post_offsets, run, run_stride, parts, accumulate):
     """out[pos[p] + pre_offsets[a] + post_offsets[o] + b·run_stride] (+)= value[a, p, o, b].
 
@@ -193,7 +192,7 @@ class _AdvancedRegion:
         else:
             stacked = np.stack([np.broadcast_to(i, plan.block).ravel() for i in indices])
         pos = np.empty(stacked.shape[1], np.int64)
-        if _flat_positions(stacked, plan.sizes, plan.strides, plan.base, pos):
+        if _flat_positions(stacked.size, stacked, plan.sizes, plan.strides, plan.base, pos):
             self.raise_first_bad(plan, indices)
         return plan, pos
 
@@ -215,8 +214,8 @@ def _indexing_multi_axis_vec(op: IndexingMultiAxisVec) -> LibraryKernel:
 
     def gather(x: np.ndarray, *indices: np.ndarray, out: np.ndarray) -> None:
         plan, pos = region.positions(x.shape, indices)
-        _gather(_flat(x), pos, plan.pre_offsets, plan.post_offsets, plan.run, plan.run_stride,
-                numba.get_num_threads(), out.reshape(-1))
+        _gather(out.size, _flat(x), pos, plan.pre_offsets, plan.post_offsets, plan.run, plan.run_stride,
+                partition_count(out.size), out.reshape(-1))
 
     return gather
 
@@ -228,8 +227,8 @@ def _scatter_kernel(op, accumulate: bool) -> LibraryKernel:
         plan, pos = region.positions(data.shape, indices)     # checks before any write
         if out is not data:
             np.copyto(out, data)
-        _scatter(out.reshape(-1), _flat(value), pos, plan.pre_offsets, plan.post_offsets, plan.run,
-                 plan.run_stride, numba.get_num_threads(), accumulate)
+        _scatter(value.size, out.reshape(-1), _flat(value), pos, plan.pre_offsets, plan.post_offsets,
+                 plan.run, plan.run_stride, partition_count(value.size), accumulate)
 
     return scatter
 
@@ -247,7 +246,7 @@ def _indexing_set_multi_axis_vec(op: IndexingSetMultiAxisVec) -> LibraryKernel:
 # -- one-hot indexing --------------------------------------------------------------------------
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@ParallelLoop
 def _count_outside(index, n):
     bad = 0
     for i in prange(index.shape[0]):
@@ -257,7 +256,7 @@ def _count_outside(index, n):
     return bad
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@ParallelLoop
 def _one_hot_gather(src, index, out):
     """out[i, j] = src[i, index[i, j], j] (src viewed as (before, axis, after))."""
     for i in prange(src.shape[0]):
@@ -265,7 +264,7 @@ def _one_hot_gather(src, index, out):
             out[i, j] = src[i, np.uint64(index[i, j]), j]   # checked, so unsigned: no wraparound
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@ParallelLoop
 def _one_hot_scatter(out, index, sub):
     """out[i, index[i, j], j] = sub[i, j]: one write per (i, j), so no conflicts."""
     for i in prange(out.shape[0]):
@@ -283,7 +282,7 @@ def _one_hot_views(shape: tuple[int, ...], axis: int) -> tuple[tuple[int, ...], 
 def _checked_one_hot_index(op, index: np.ndarray, n: int, plane: tuple[int, int]) -> np.ndarray:
     """index as a (before, after) array, every value in [0, n) (one-hot indexing never wraps)."""
     index2 = np.ascontiguousarray(index).reshape(plane)
-    if _count_outside(index2, n):
+    if _count_outside(index2.size, index2, n):
         bad = index2[(index2 < 0) | (index2 >= n)][0]
         raise index_error(op, int(bad), op.axis, n)
     return index2
@@ -294,7 +293,7 @@ def _indexing_one_hot(op: IndexingOneHot) -> LibraryKernel:
     def one_hot(src: np.ndarray, index: np.ndarray, *, out: np.ndarray) -> None:
         cube, plane = _one_hot_views(src.shape, op.axis)
         index2 = _checked_one_hot_index(op, index, cube[1], plane)
-        _one_hot_gather(np.ascontiguousarray(src).reshape(cube), index2, out.reshape(plane))
+        _one_hot_gather(index2.size, np.ascontiguousarray(src).reshape(cube), index2, out.reshape(plane))
 
     return one_hot
 
@@ -307,6 +306,6 @@ def _indexing_set_one_hot(op: IndexingSetOneHot) -> LibraryKernel:
         index2 = _checked_one_hot_index(op, index, cube[1], plane)
         if out is not data:
             np.copyto(out, data)
-        _one_hot_scatter(out.reshape(cube), index2, np.ascontiguousarray(sub).reshape(plane))
+        _one_hot_scatter(index2.size, out.reshape(cube), index2, np.ascontiguousarray(sub).reshape(plane))
 
     return set_one_hot

@@ -38,7 +38,7 @@ from ...ops.vision import (
     WarpPerspectiveBackwardData,
     WarpPerspectiveBackwardMat,
 )
-from .library import LibraryKernel, index_error, library_kernel
+from .library import LibraryKernel, ParallelLoop, index_error, library_kernel
 
 _MODE_CODES = {"replicate": 0, "reflect": 1, "reflect_101": 2, "wrap": 3, "constant": 4}
 _REPLICATE, _REFLECT, _REFLECT_101, _WRAP, _CONSTANT = range(5)
@@ -98,7 +98,7 @@ def _sample(m, fx, fy, one, in_h, in_w, mode):
 # signed index costs a wraparound select on every access.
 
 
-@njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+@ParallelLoop
 def _forward_loop(source, mats, images, coords, target, mode, border_val):
     src, (sn, sc, sh, sw), channels, in_h, in_w = source
     out, (on, oc, oh_stride, ow_stride), _, out_h, out_w = target
@@ -130,7 +130,7 @@ def _forward_loop(source, mats, images, coords, target, mode, border_val):
                 out[np.uint64(target + c * oc)] = value
 
 
-@njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+@ParallelLoop
 def _backward_data_loop(gradient, mats, order, starts, coords, upstream, mode):
     """gradient[image] += Σ over the matrices reading `image` (order[starts[i]:starts[i+1]])."""
     grad, (sn, sc, sh, sw), channels, in_h, in_w = gradient
@@ -173,7 +173,7 @@ def _add_finite_terms(total, g_dx, g_dy, fx, fy, xs, ys, den):
             total[j] += term
 
 
-@njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+@ParallelLoop
 def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val, out):
     """out[n] = Σ g·(∂out/∂xs·∂xs/∂m + ∂out/∂ys·∂ys/∂m), skipping non-finite terms.
 
@@ -276,7 +276,7 @@ def _forward(op, src: np.ndarray, rows: np.ndarray, mat_idx: np.ndarray | None,
              out: np.ndarray) -> None:
     images = _images(op, mat_idx, rows.shape[0], src.shape[0])
     target = _image(op.format, out)
-    _forward_loop(_image(op.format, src), rows, images, _coords(target, rows.dtype), target,
+    _forward_loop(out.size, _image(op.format, src), rows, images, _coords(target, rows.dtype), target,
                   _MODE_CODES[op.border_mode], float(op.border_val))
 
 
@@ -312,7 +312,7 @@ def _warp_backward_data(op: WarpPerspectiveBackwardData) -> LibraryKernel:
         starts = np.searchsorted(images[order], np.arange(out.shape[0] + 1))
         out.fill(0)
         upstream = _image(op.format, g)
-        _backward_data_loop(_image(op.format, out), _rows(mat), order, starts,
+        _backward_data_loop(g.size, _image(op.format, out), _rows(mat), order, starts,
                             _coords(upstream, mat.dtype), upstream, _MODE_CODES[op.border_mode])
 
     return warp_backward_data
@@ -324,7 +324,7 @@ def _warp_backward_mat(op: WarpPerspectiveBackwardMat) -> LibraryKernel:
         src, mat, mat_idx, g = _split(inputs, 2)
         images = _images(op, mat_idx, mat.shape[0], src.shape[0])
         upstream = _image(op.format, g)
-        _backward_mat_loop(_image(op.format, src), _rows(mat), images, _coords(upstream, mat.dtype),
+        _backward_mat_loop(g.size, _image(op.format, src), _rows(mat), images, _coords(upstream, mat.dtype),
                            upstream, _MODE_CODES[op.border_mode], float(op.border_val),
                            out.reshape(-1, 9))
 
