@@ -151,29 +151,24 @@ class Executable:
 
     def __call__(self, out: Sequence[np.ndarray] | np.ndarray | None = None, **feeds: Any):
         arrays = validate_feeds(self._placeholders, feeds, ignorable=self._feed_names)
+        targets = None if out is None else self._checked_out(out)
         try:
-            self._runner.run(arrays)
+            results = self._runner.run(arrays, targets)
         except NonFiniteError as err:
             raise self._located(err, arrays) from None
-        values = [self._runner.output(b, arrays) for b in self.program.outputs]
-        if out is None:
-            results = [v.copy() for v in values]
-        else:
-            results = self._write_out(out, values)
         return results[0] if self._single else results
 
-    def _write_out(self, out, values: list[np.ndarray]) -> list[np.ndarray]:
+    def _checked_out(self, out) -> list[np.ndarray]:
         targets = [out] if isinstance(out, np.ndarray) else list(out)
-        if len(targets) != len(values):
-            raise FeedError(f"out= has {len(targets)} array(s), this step has {len(values)} output(s)")
-        for k, (target, value) in enumerate(zip(targets, values)):
-            if not isinstance(target, np.ndarray) or target.shape != value.shape or target.dtype != value.dtype:
+        types = [self.program.buffers[b] for b in self.program.outputs]
+        if len(targets) != len(types):
+            raise FeedError(f"out= has {len(targets)} array(s), this step has {len(types)} output(s)")
+        for k, (target, want) in enumerate(zip(targets, types)):
+            if not isinstance(target, np.ndarray) or target.shape != tuple(want.shape) or target.dtype != want.dtype:
                 got = f"{target.dtype.name}{list(target.shape)}" if isinstance(target, np.ndarray) else type(target).__name__
-                raise FeedError(f"out[{k}] is {got}, expected {value.dtype.name}{list(value.shape)}")
+                raise FeedError(f"out[{k}] is {got}, expected {np.dtype(want.dtype).name}{list(want.shape)}")
             if not target.flags.writeable:
                 raise FeedError(f"out[{k}] is read-only")
-        for target, value in zip(targets, values):
-            np.copyto(target, value)
         return targets
 
     def _located(self, err: NonFiniteError, feeds: dict[str, np.ndarray]) -> NonFiniteError:

@@ -50,6 +50,18 @@ def test_values_match_numpy_and_buffers_are_reused(bias_step, rng):
     np.testing.assert_array_equal(first[1], numpy_step(**feeds)[1])  # results are copies, not views
 
 
+def test_outputs_are_written_in_place_and_reused_once_the_caller_lets_go(bias_step, rng):
+    """No copy out of internal buffers: a dropped result's memory serves the next call."""
+    step, numpy_step = bias_step
+    feeds = _feeds(rng)
+    address = step(**feeds)[1].__array_interface__["data"][0]
+    again = step(**feeds)[1]
+    assert again.__array_interface__["data"][0] == address
+    later = step(**_feeds(np.random.default_rng(5)))[1]
+    assert not np.shares_memory(again, later)
+    np.testing.assert_allclose(again, numpy_step(**feeds)[1], rtol=1e-12)
+
+
 def test_repeated_calls_do_not_grow_memory(bias_step, rng):
     step, _ = bias_step
     feeds = _feeds(rng)

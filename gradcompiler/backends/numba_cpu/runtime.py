@@ -9,6 +9,15 @@ the same flat array as the value it views; constants are copied in once;
 per-thread scratch (partials, row buffers) belongs to each kernel step.
 Feeds are the caller's arrays, reshaped flat (no copy) for the kernels.
 
+Outputs are written straight into the arrays handed to the caller, never
+copied out of internal buffers: the driver takes one flat array per output
+buffer (`o0, o1, ...`) besides the feeds. Per call that array is the
+caller's own (`out=`, when it is C-contiguous), else the array handed out
+by the previous call if the caller has let go of it (its reference count
+says so, so a loop of `step(**feeds)` allocates nothing), else a new one.
+An output held in memory only through a feed, a constant or another
+output is copied instead.
+
 The driver's source names only sanitised locals (`k3`, `b17`, `g2`); with
 `debug=True` it also calls `check(array, k)` after each step, and the
 description of step k (kernel name, forward op, user's line) comes from a
@@ -17,6 +26,7 @@ list, never from the source.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -63,22 +73,37 @@ def feed_buffers(program: Program) -> list[int]:
     return [b for b, spec in enumerate(program.buffers) if spec.role == "feed"]
 
 
+def output_roots(program: Program) -> list[int]:
+    """Buffers written straight into the caller's arrays: temp buffers holding an output.
+
+    One per buffer, in first-output order; an output whose buffer is a feed or
+    a constant is copied out instead.
+    """
+    roots = dict.fromkeys(_root(program, b) for b in program.outputs)
+    return [r for r in roots if program.buffers[r].role == "temp"]
+
+
 def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool) -> str:
-    """The driver module: `make(K, L, B, V, S, check)` returns `step(*feeds)`."""
+    """The driver module: `make(K, L, B, V, S, check)` returns `step(*feeds, *outputs)`."""
     feeds = feed_buffers(program)
     feed_arg = {b: f"f{k}" for k, b in enumerate(feeds)}
+    out_arg = {b: f"o{k}" for k, b in enumerate(output_roots(program))}
     lines = ["def make(K, L, B, V, S, check):"]
-    body = ["    def step(" + ", ".join(feed_arg[b] for b in feeds) + "):"]
+    body = ["    def step(" + ", ".join([feed_arg[b] for b in feeds] + list(out_arg.values())) + "):"]
 
     def flat(b: int) -> str:
         root = _root(program, b)
+        if root in out_arg:
+            return out_arg[root]
         return f"g{feeds.index(root)}" if root in feed_arg else f"b{root}"
 
     def shaped(b: int) -> str:
         root = _root(program, b)
-        if root in feed_arg:
-            spec = program.buffers[b]
-            return feed_arg[root] if b == root else f"{feed_arg[root]}.reshape({tuple(spec.shape)!r})"
+        spec = program.buffers[b]
+        if root in feed_arg and b == root:
+            return feed_arg[root]
+        if root in feed_arg or root in out_arg:
+            return f"{flat(b) if root in out_arg else feed_arg[root]}.reshape({tuple(spec.shape)!r})"
         return f"x{b}"
 
     used_flat, used_shaped = set(), set()
@@ -107,7 +132,8 @@ def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool)
         else:
             assert isinstance(step, LibraryStep)
             names = [shaped(b) for b in step.inputs] + [f"out={shaped(step.output)}"]
-            used_shaped.update(b for b in (*step.inputs, step.output) if _root(program, b) not in feed_arg)
+            used_shaped.update(b for b in (*step.inputs, step.output)
+                               if _root(program, b) not in feed_arg and _root(program, b) not in out_arg)
             lines.append(f"    l{s} = L[{s}]")
             body.append(f"        l{s}({', '.join(names)})")
             outputs = (step.output,)
@@ -116,7 +142,7 @@ def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool)
                 body.append(f"        check({flat(b)}, {s})")
                 used_flat.add(_root(program, b))
     for b in sorted(used_flat):
-        if b not in feed_arg:
+        if b not in feed_arg and b not in out_arg:
             lines.append(f"    b{b} = B[{b}]")
     for b in sorted(used_shaped):
         lines.append(f"    x{b} = V[{b}]")
@@ -152,19 +178,63 @@ class Runner:
         self.driver = module.make([k.function for k in kernels], library_list, self.arrays, self.views,
                                   self.scratch, self._check)
         self.feeds = feed_buffers(program)
+        self.out_roots = output_roots(program)
+        self.out_slot = {root: slot for slot, root in enumerate(self.out_roots)}
+        self.first_output = {}
+        for k, b in enumerate(program.outputs):
+            self.first_output.setdefault(_root(program, b), k)
+        self.owned: list[np.ndarray | None] = [None] * len(self.out_roots)  # our arrays handed out last call
 
     def _check(self, array: np.ndarray, step: int) -> None:
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             bad = int(np.count_nonzero(~np.isfinite(array)))
             raise NonFiniteError(f"{bad} non-finite value(s) after {self.step_labels[step]}")
 
-    def run(self, feeds: dict[str, np.ndarray]) -> None:
-        self.driver(*(feeds[self.program.buffers[b].feed_name] for b in self.feeds))
+    def run(self, feeds: dict[str, np.ndarray], out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Run the program; return the outputs, in `out`'s arrays if given (shapes already checked)."""
+        arrays = self._output_arrays(out)
+        self.driver(*(feeds[self.program.buffers[b].feed_name] for b in self.feeds), *arrays)
+        results = []
+        given = {}
+        for k, b in enumerate(self.program.outputs):
+            spec, root = self.program.buffers[b], _root(self.program, b)
+            if root in self.out_slot and root not in given:
+                given[root] = k
+                value = arrays[self.out_slot[root]].reshape(spec.shape)
+                if out is not None and not np.shares_memory(value, out[k]):
+                    np.copyto(out[k], value)
+                    value = out[k]
+                results.append(value if out is None else out[k])
+                continue
+            source = self._current(root, spec, feeds, arrays)
+            if out is None:
+                results.append(source.copy())
+            else:
+                np.copyto(out[k], source)
+                results.append(out[k])
+        return results
 
-    def output(self, b: int, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        """The current value of buffer `b`, shaped (a view: copy it before handing it out)."""
-        spec: BufferSpec = self.program.buffers[b]
-        root = _root(self.program, b)
+    def _current(self, root: int, spec: BufferSpec, feeds, arrays) -> np.ndarray:
+        """The value buffer `root` holds now, with the shape of `spec`."""
+        if root in self.out_slot:
+            return arrays[self.out_slot[root]].reshape(spec.shape)
         if self.program.buffers[root].role == "feed":
             return feeds[self.program.buffers[root].feed_name].reshape(spec.shape)
         return self.arrays[root].reshape(spec.shape)
+
+    def _output_arrays(self, out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
+        """A flat array for every output buffer this call writes (see the module docstring)."""
+        arrays = []
+        for slot, root in enumerate(self.out_roots):
+            spec = self.program.buffers[root]
+            target = out[self.first_output[root]] if out is not None else None
+            if target is not None and target.flags.c_contiguous:
+                arrays.append(target.reshape(-1))
+                continue
+            previous, self.owned[slot] = self.owned[slot], None
+            # referenced by `previous` and getrefcount's argument only: the caller let go of it
+            if previous is None or sys.getrefcount(previous) > 2:
+                previous = np.empty(spec.size, dtype=spec.dtype)
+            self.owned[slot] = previous
+            arrays.append(previous)
+        return arrays
