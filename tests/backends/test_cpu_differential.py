@@ -57,6 +57,15 @@ def test_parallel_kernels(name, monkeypatch):
     assert any(k.parallel for k in step.kernels if k.kind == "loop")
 
 
+@pytest.mark.parametrize("name", ["bcast_reduce", "layernorm_gelu"])
+def test_without_reassociation_rows_reduce_through_row_buffers(name, monkeypatch):
+    """A fastmath set without `reassoc`: innermost reductions go through per-thread row buffers."""
+    monkeypatch.setattr(numba_cpu, "PARALLEL_MIN_POINTS", 0)
+    work = workloads.build(name, "tiny", "float64")
+    step = assert_matches_reference(work.outputs, workloads.feeds_for(work), fastmath={"contract"})
+    assert "sum_row(" in step.source() and "'reassoc'" not in step.source().split("# ---- driver")[0]
+
+
 def _mode_inputs(rng, dtype):
     shape = (3, 5)
     general = rng.standard_normal(shape).astype(dtype)
