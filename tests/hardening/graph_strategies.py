@@ -68,7 +68,6 @@ class FuzzCase:
     wrt: list[Tensor]
     feeds: dict[str, np.ndarray]
     recipes: list[str]
-    has_warp: bool = False
 
     def __repr__(self) -> str:
         shapes = {k: (v.shape, v.dtype.name) for k, v in self.feeds.items()}
@@ -81,6 +80,9 @@ class FuzzCase:
 
 @dataclass
 class _Builder:
+    """The state of one case being drawn: the pool of values recipes pick from, the feeds
+    made so far, and which values a later step consumed (the rest become outputs)."""
+
     draw: Callable
     dtype: np.dtype
     rng: np.random.Generator
@@ -88,7 +90,6 @@ class _Builder:
     feeds: dict[str, np.ndarray] = field(default_factory=dict)
     recipes: list[str] = field(default_factory=list)
     consumed: set[int] = field(default_factory=set)
-    has_warp: bool = False
 
     # -- drawing helpers -------------------------------------------------------------
     def pick(self) -> Tensor:
@@ -466,7 +467,6 @@ def r_warp(b: _Builder) -> None:
     rot = np.array([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
     shift = b.rng.uniform(-1.3, 1.3, size=2) + 0.123
     affine = np.concatenate([rot * b.rng.uniform(0.7, 1.3), shift[:, None]], axis=1)
-    b.has_warp = True
     if b.flag():
         mat = b.new_param((2, 2, 3), scale=0.02, offset=affine)
         out = gc.warp_affine(src, mat, out_shape, border, 0.5, fmt)
@@ -541,7 +541,7 @@ def fuzz_cases(draw, max_steps: int = 6, recipes: tuple[str, ...] = tuple(RECIPE
         outputs.append(b.pool[0])
         names = [b.pool[0].name]
     wrt = [Tensor(graph, graph.feed_names[name]) for name in names]
-    return FuzzCase(graph, outputs, wrt, b.feeds, b.recipes, b.has_warp)
+    return FuzzCase(graph, outputs, wrt, b.feeds, b.recipes)
 
 
 DRAWN_MODES = set(UNARY) | set(BINARY) | set(TERNARY) | {"LT", "LEQ", "EQ"}
