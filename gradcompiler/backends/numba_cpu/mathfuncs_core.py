@@ -8,9 +8,11 @@ no loops, no exceptions. They hold:
 
 * LLVM intrinsics Numba does not expose: reinterpreting a float's bits as an
   integer and back (exponent tricks for 2^k and frexp), a fused
-  multiply-add (one rounding; the machine has FMA, so it is one instruction)
-  and a plain IEEE division (Numba's `/` checks for zero under the default
-  error model, which raises and stops vectorisation).
+  multiply-add (one rounding; the machine has FMA, so it is one instruction),
+  a plain IEEE division (Numba's `/` checks for zero under the default
+  error model, which raises and stops vectorisation), and add/sub/mul that
+  the caller's fast-math flags cannot reassociate (`strict_*`), for the few
+  steps whose rounding the algorithms rely on.
 * float64 kernels for the float32 functions whose float32-only versions
   would lose accuracy: `exp_f64v`, `log_f64v`, `erfc_nonneg_f64v` and the
   sin/cos argument reduction. A float32 input is exact in float64 (even a
@@ -85,6 +87,35 @@ def divide(typingctx, a, b):
         return builder.fdiv(*args)
 
     return a(a, b), codegen
+
+
+def _strict(opname: str):
+    """An IEEE float binary operation that the caller's fast-math flags leave alone.
+
+    Numba's fast-math pass adds the caller's flags only to instructions that
+    have none, so these carry `arcp`, which means nothing for add, sub and
+    mul: the result keeps its IEEE rounding, and no reassociation can fold
+    a rounding-error correction away (under `fastmath=True`, `(1 + x) − 1`
+    becomes x and 2^k split in two factors is multiplied out first).
+    """
+
+    def typer(typingctx, a, b):
+        if not (isinstance(a, types.Float) and a == b):
+            return None
+
+        def codegen(context, builder, signature, args):
+            instruction = getattr(builder, opname)(*args)
+            instruction.flags.append("arcp")
+            return instruction
+
+        return a(a, b), codegen
+
+    return typer
+
+
+strict_add = intrinsic(_strict("fadd"))
+strict_sub = intrinsic(_strict("fsub"))
+strict_mul = intrinsic(_strict("fmul"))
 
 
 @intrinsic
