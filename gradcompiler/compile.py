@@ -151,14 +151,14 @@ class Executable:
 
     def __call__(self, out: Sequence[np.ndarray] | np.ndarray | None = None, **feeds: Any):
         arrays = validate_feeds(self._placeholders, feeds, ignorable=self._feed_names)
-        targets = None if out is None else self._checked_out(out)
+        targets = None if out is None else self._checked_out(out, arrays)
         try:
             results = self._runner.run(arrays, targets)
         except NonFiniteError as err:
             raise self._located(err, arrays) from None
         return results[0] if self._single else results
 
-    def _checked_out(self, out) -> list[np.ndarray]:
+    def _checked_out(self, out, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         targets = [out] if isinstance(out, np.ndarray) else list(out)
         types = [self.program.buffers[b] for b in self.program.outputs]
         if len(targets) != len(types):
@@ -169,6 +169,9 @@ class Executable:
                 raise FeedError(f"out[{k}] is {got}, expected {np.dtype(want.dtype).name}{list(want.shape)}")
             if not target.flags.writeable:
                 raise FeedError(f"out[{k}] is read-only")
+            for name, feed in feeds.items():
+                if np.may_share_memory(target, feed):
+                    raise FeedError(f"out[{k}] overlaps the feed '{name}'; results cannot be written over inputs")
         return targets
 
     def _located(self, err: NonFiniteError, feeds: dict[str, np.ndarray]) -> NonFiniteError:

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from typing import Callable, Generic, TypeVar
 
-import numpy as np
-
 from .index_expr import Index
 from .ir import Graph, Node
 from .ops.reduce import Reduce, ReduceTo, reduce_to_axes
@@ -152,7 +150,3 @@ class ConeWalker(Generic[T]):
             return self.value(source.id, inner)
         args = [self.value(i, broadcast_index(index, self.graph[i].type.shape)) for i in node.inputs]
         return self.compute(node, args)
-
-
-def element_count(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64))

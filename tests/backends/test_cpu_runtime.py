@@ -89,6 +89,11 @@ def test_out_arrays_are_written_in_place(bias_step, rng):
         step(out=[np.empty(()), np.empty((5, 6)), np.empty(5), np.empty(5)], **feeds)
     with pytest.raises(FeedError, match="4 output"):
         step(out=out[:2], **feeds)
+    with pytest.raises(FeedError, match="overlaps the feed 'x'"):
+        step(out=[out[0], feeds["x"], out[2], out[3]], **feeds)
+    strided = np.empty((6, 10))[:, ::2]  # not contiguous: written through a copy
+    step(out=[out[0], strided, out[2], out[3]], **feeds)
+    np.testing.assert_allclose(strided, numpy_step(**feeds)[1], rtol=1e-12)
 
 
 def test_feeds_are_validated(bias_step, rng):

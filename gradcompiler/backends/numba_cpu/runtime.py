@@ -191,27 +191,21 @@ class Runner:
             raise NonFiniteError(f"{bad} non-finite value(s) after {self.step_labels[step]}")
 
     def run(self, feeds: dict[str, np.ndarray], out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
-        """Run the program; return the outputs, in `out`'s arrays if given (shapes already checked)."""
-        arrays = self._output_arrays(out)
+        """Run the program; return the outputs, in `out`'s arrays if given (types already checked)."""
+        arrays, direct = self._output_arrays(out)
         self.driver(*(feeds[self.program.buffers[b].feed_name] for b in self.feeds), *arrays)
-        results = []
-        given = {}
+        results, handed = [], set()
         for k, b in enumerate(self.program.outputs):
             spec, root = self.program.buffers[b], _root(self.program, b)
-            if root in self.out_slot and root not in given:
-                given[root] = k
-                value = arrays[self.out_slot[root]].reshape(spec.shape)
-                if out is not None and not np.shares_memory(value, out[k]):
+            value = self._current(root, spec, feeds, arrays)
+            if out is not None:
+                if not (root in direct and root not in handed):
                     np.copyto(out[k], value)
-                    value = out[k]
-                results.append(value if out is None else out[k])
-                continue
-            source = self._current(root, spec, feeds, arrays)
-            if out is None:
-                results.append(source.copy())
-            else:
-                np.copyto(out[k], source)
-                results.append(out[k])
+                value = out[k]
+            elif root not in self.out_slot or root in handed:
+                value = value.copy()
+            handed.add(root)
+            results.append(value)
         return results
 
     def _current(self, root: int, spec: BufferSpec, feeds, arrays) -> np.ndarray:
@@ -222,14 +216,15 @@ class Runner:
             return feeds[self.program.buffers[root].feed_name].reshape(spec.shape)
         return self.arrays[root].reshape(spec.shape)
 
-    def _output_arrays(self, out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
-        """A flat array for every output buffer this call writes (see the module docstring)."""
-        arrays = []
+    def _output_arrays(self, out: Sequence[np.ndarray] | None) -> tuple[list[np.ndarray], set[int]]:
+        """A flat array for every output buffer this call writes, and the buffers that are `out`'s own."""
+        arrays, direct = [], set()
         for slot, root in enumerate(self.out_roots):
             spec = self.program.buffers[root]
             target = out[self.first_output[root]] if out is not None else None
             if target is not None and target.flags.c_contiguous:
                 arrays.append(target.reshape(-1))
+                direct.add(root)
                 continue
             previous, self.owned[slot] = self.owned[slot], None
             # referenced by `previous` and getrefcount's argument only: the caller let go of it
@@ -237,4 +232,4 @@ class Runner:
                 previous = np.empty(spec.size, dtype=spec.dtype)
             self.owned[slot] = previous
             arrays.append(previous)
-        return arrays
+        return arrays, direct
