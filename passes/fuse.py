@@ -270,24 +270,30 @@ class _Planner:
         self.producer[root] = index
 
     def _fit(self, index: int, group: _Group, cone: _ConeReads) -> tuple[int, int] | None:
-        """(phase, shared reads) if the root may join `group`, else None."""
-        phase, shared = 0, 0
+        """(phase, shared reads) if the root may join `group`, else None.
+
+        Cheap test first (does it share anything?), the cycle test last.
+        """
+        shared = sum(1 for d in cone.reads if d in group.phase or d in group.reads)
+        if not shared:
+            return None
+        phase = 0
         identity = domain_index(group.domain)
+        producers = set()
         for d, where in cone.reads.items():
-            if d in group.phase:
-                node = self.graph[d]
-                for at in where:
-                    if not is_row_local(self.graph, node, at, group.domain):
-                        return None
-                    same_phase = node_class(node) != "reduction" and at == identity
-                    phase = max(phase, group.phase[d] + (0 if same_phase else 1))
-                shared += 1
-            else:
-                producer = self.producer.get(d)
-                if producer is not None and producer != index and nx.has_path(self.dag, index, producer):
+            if d not in group.phase:
+                producers.add(self.producer.get(d, index))
+                continue
+            node = self.graph[d]
+            for at in where:
+                if not is_row_local(self.graph, node, at, group.domain):
                     return None
-                shared += d in group.reads
-        return (phase, shared) if shared else None
+                same_phase = node_class(node) != "reduction" and at == identity
+                phase = max(phase, group.phase[d] + (0 if same_phase else 1))
+        producers.discard(index)
+        if producers & nx.descendants(self.dag, index):
+            return None
+        return phase, shared
 
     # -- epilogues ---------------------------------------------------------------------------
     def attach_epilogues(self, outputs: set[int]) -> None:
@@ -309,7 +315,7 @@ class _Planner:
                 if nx.has_path(self.dag, lib, index):
                     self.dag.add_edge(lib, index)
                     continue
-                self.dag = nx.contracted_nodes(self.dag, lib, index, self_loops=False)
+                nx.contracted_nodes(self.dag, lib, index, self_loops=False, copy=False)
                 self.groups[lib].epilogue = group
                 group.kind = "epilogue"
                 break
@@ -344,10 +350,21 @@ def _owned(planner: _Planner, order: list[int], graph: Graph) -> dict[int, list[
     return owned
 
 
+def _needed(graph: Graph, outputs: list[int]) -> set[int]:
+    """The outputs and everything they read (what prune keeps; fuse plans nothing else)."""
+    needed, stack = set(outputs), list(outputs)
+    while stack:
+        for i in graph[stack.pop()].inputs:
+            if i not in needed:
+                needed.add(i)
+                stack.append(i)
+    return needed
+
+
 def plan_fusion(graph: Graph) -> FusionPlan:
     """The fusion plan of `graph` for its `outputs` (module docstring)."""
     outputs = list(graph.outputs)
-    graph.remove(set(graph.nodes) - graph.ancestors(outputs))
+    graph.remove(set(graph.nodes) - _needed(graph, outputs))
     materialised = mandatory_roots(graph, outputs)
     materialise_shared(graph, materialised)
     planner = _Planner(graph, materialised)
@@ -357,12 +374,14 @@ def plan_fusion(graph: Graph) -> FusionPlan:
     order = planner.execution_order()
     owned = _owned(planner, order, graph)
     needed_outside = set(outputs).union(*(group.reads for group in planner.groups))
+    position = {n: k for k, n in enumerate(graph.topo_order())}
     return FusionPlan([_finish(graph, planner.groups[i], f"k{step}", owned.get(i, []), needed_outside,
-                               materialised) for step, i in enumerate(order)])
+                               materialised, position) for step, i in enumerate(order)])
 
 
-def _loop_group(graph: Graph, group: _Group, name: str, nodes, needed_outside: set[int]) -> FusedLoop:
-    roots = tuple(graph_order(graph, group.roots))
+def _loop_group(graph: Graph, group: _Group, name: str, nodes, needed_outside: set[int],
+                position: dict[int, int]) -> FusedLoop:
+    roots = tuple(sorted(group.roots, key=position.__getitem__))
     pure = not any(group.phase.values()) and all(
         graph[n].op.kind == "elementwise" or node_class(graph[n]) == "scalar_source" for n in group.computes
     ) and all(graph[n].type.shape == group.domain for n in group.computes)
@@ -371,32 +390,28 @@ def _loop_group(graph: Graph, group: _Group, name: str, nodes, needed_outside: s
     outputs = tuple(r for r in roots if r in needed_outside)
     inputs = tuple(sorted(set(group.reads) | group.scalars))
     return FusedLoop(f"{name}_{label}", kind, tuple(nodes), outputs, inputs, domain=group.domain, roots=roots,
-                     phases=tuple(group.phase[r] for r in roots), computes=tuple(graph_order(graph, group.computes)))
+                     phases=tuple(group.phase[r] for r in roots),
+                     computes=tuple(sorted(group.computes, key=position.__getitem__)))
 
 
 def _finish(graph: Graph, group: _Group, name: str, nodes: list[int], needed_outside: set[int],
-            materialised: set[int]) -> FusionGroup:
+            materialised: set[int], position: dict[int, int]) -> FusionGroup:
     """The FusionGroup of a planned group; a scalar source that is not materialised has no output."""
     if group.kind == "loop":
-        return _loop_group(graph, group, name, nodes, needed_outside)
+        return _loop_group(graph, group, name, nodes, needed_outside, position)
     if group.kind == "library":
         call = group.roots[0]
         epilogue = group.epilogue
         if epilogue is None:
             return FusedLibrary(f"{name}_library", "library", tuple(nodes), (call,),
                                 tuple(dict.fromkeys(graph[call].inputs)), call=call)
-        loop = _loop_group(graph, epilogue, f"{name}_epilogue", (), needed_outside)
+        loop = _loop_group(graph, epilogue, f"{name}_epilogue", (), needed_outside, position)
         inputs = tuple(sorted((set(graph[call].inputs) | set(loop.inputs)) - {call}))
         return FusedLibrary(f"{name}_library", "library", tuple(nodes), loop.outputs, inputs,
                             call=call, epilogue=loop)
     root = group.roots[0]
     outputs = (root,) if root in materialised else ()
     return FusionGroup(f"{name}_{group.kind}", group.kind, tuple(nodes), outputs, tuple(group.reads))
-
-
-def graph_order(graph: Graph, ids) -> list[int]:
-    ids = set(ids)
-    return [n for n in graph.topo_order() if n in ids]
 
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
@@ -409,3 +424,6 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     return {"kernels": len(kernels), "fused_nodes": sum(len(g.nodes) for g in kernels),
             "recomputed": recomputed,
             "epilogues": sum(1 for g in plan.groups if isinstance(g, FusedLibrary) and g.epilogue)}
+
+
+run.name = "fuse"  # the name the pipeline reports this pass under
