@@ -66,7 +66,7 @@ def is_row_scalar(graph: Graph, node: Node) -> bool:
 
 
 class _LoopEmitter(ConeWalker[int]):
-    """Emits one FusedLoop as a LoopKernel; `bind` maps a node to its program buffer."""
+    """Emits one FusedLoop as a LoopKernel whose parameters are bound to the program's buffers."""
 
     def __init__(self, graph: Graph, loop: FusedLoop, program: "_ProgramBuilder"):
         roots = set(loop.roots)
