@@ -16,10 +16,14 @@ Loop structure (what makes it fast):
   allow (loads of a bias row hoist out of the inner loop; constants out of
   the kernel loop altogether), so the innermost body is just the work.
 * Reductions never race and never stop vectorisation:
-  - in a register opened before the outermost reduced loop that has only
-    reduced loops inside it (LLVM vectorises the accumulation: kernels are
-    compiled with `reassoc`), else by a read-modify-write of the target (a
-    column sum adds a whole row into a per-thread row of partials);
+  - over the innermost axis: first in a register per row (LLVM vectorises
+    the accumulation: kernels are compiled with `reassoc`), so a long sum
+    adds rows of partial sums rather than millions of elements to one
+    accumulator (float32 error ~1e-6 instead of ~1e-4 on 16M elements);
+  - then, or over outer axes only, in a register opened before the
+    outermost reduced loop that has only reduced loops inside it, else by
+    a read-modify-write of the target (a column sum adds a whole row into
+    a per-thread row of partials);
   - without `reassoc` (a `fastmath` set that leaves it out), a reduction
     over the innermost axis stores its values to a per-thread row buffer
     in the loop, and `rowreduce.<mode>_row` (compiled with `reassoc` in its
@@ -90,7 +94,7 @@ class _ReductionPlan:
     red: Reduction
     dtype: np.dtype
     phase: int
-    helper: bool  # innermost axis reduced through a row buffer
+    row: str | None  # innermost axis reduced first: in a "register" or a row "buffer"
     value_level: int  # level at which the (partial) value is available
     register_level: int | None  # loop level the register spans from, or None
     combine: bool  # the target is read-modified-written (needs an init)
@@ -104,9 +108,9 @@ class _ReductionPlan:
 
 def _plan_reduction(index: int, red: Reduction, dtype, phase: int, rank: int, reassociate: bool) -> _ReductionPlan:
     axes = set(red.axes)
-    helper = rank >= 2 and rank - 1 in axes and not reassociate
-    level = rank - 2 if helper else rank - 1
-    remaining = axes - {rank - 1} if helper else axes
+    row = ("register" if reassociate else "buffer") if rank >= 2 and rank - 1 in axes else None
+    level = rank - 2 if row else rank - 1
+    remaining = axes - {rank - 1} if row else axes
     start = level + 1
     while start - 1 >= 0 and start - 1 in remaining:
         start -= 1
@@ -114,7 +118,7 @@ def _plan_reduction(index: int, red: Reduction, dtype, phase: int, rank: int, re
     scope = register if register is not None else level + 1
     combine = any(a < scope for a in remaining)
     kept = tuple(k for k in range(rank) if k not in axes)
-    return _ReductionPlan(index, red, np.dtype(dtype), phase, helper, level, register, combine, 0 in axes, kept)
+    return _ReductionPlan(index, red, np.dtype(dtype), phase, row, level, register, combine, 0 in axes, kept)
 
 
 class _Writer:
@@ -137,7 +141,7 @@ class _Writer:
                 dtype = next(i.dtype for i in phase.instrs if i.var == red.var)
                 plan = _plan_reduction(len(self.plans), red, dtype, p, self.rank, "reassoc" in fastmath)
                 self.plans.append(plan)
-                if plan.helper:
+                if plan.row == "buffer":
                     self._add_scratch(f"w{plan.index}", plan.dtype, kernel.domain[-1])
                 if plan.cross:
                     self._add_scratch(f"q{plan.index}", plan.dtype, self._kept_size(plan))
@@ -253,15 +257,19 @@ class _Writer:
                 self.emit(depth, f"a{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
         if level < self.rank - 1:
             inner = level + 1
+            for plan in mine:
+                if plan.row == "register" and plan.value_level == level:
+                    self.emit(depth, f"s{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
             self.emit(depth, f"for i{inner} in range({self.kernel.domain[inner]}):")
             self._phase_level(depth + 1, p, inner)
             for plan in mine:
-                if plan.helper and plan.value_level == level:
-                    w = self.kernel.domain[-1]
-                    helper = _ROW_HELPER[plan.red.mode]
-                    self.helpers.add(helper)
-                    init = init_value(plan.red.mode, plan.dtype)
-                    self.emit(depth, f"s{plan.index} = {helper}(w{plan.index}, c * {w}, {w}, {init})")
+                if plan.row and plan.value_level == level:
+                    if plan.row == "buffer":
+                        w = self.kernel.domain[-1]
+                        helper = _ROW_HELPER[plan.red.mode]
+                        self.helpers.add(helper)
+                        init = init_value(plan.red.mode, plan.dtype)
+                        self.emit(depth, f"s{plan.index} = {helper}(w{plan.index}, c * {w}, {w}, {init})")
                     self._update(depth, plan, f"s{plan.index}")
             for plan in mine:
                 if plan.register_level == level + 1:
@@ -275,9 +283,12 @@ class _Writer:
                 self.emit(depth, f"{self._param_at(store.param, flat)} = v{store.var}")
             for plan in mine:
                 value = f"v{plan.red.var}"
-                if plan.helper:
+                if plan.row == "buffer":
                     row = _at(f"w{plan.index}", f"c * {self.kernel.domain[-1]} + i{self.rank - 1}")
                     self.emit(depth, f"{row} = {value}")
+                elif plan.row == "register":
+                    combine = _COMBINE[plan.red.mode].format(a=f"s{plan.index}", b=value)
+                    self.emit(depth, f"s{plan.index} = {combine}")
                 else:
                     self._update(depth, plan, value)
         if level == 0:
