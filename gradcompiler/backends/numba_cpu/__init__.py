@@ -9,8 +9,9 @@ arrays); compilation is then switched off for that dispatcher, so a call
 can never trigger a surprise compile. Library steps call the routines of
 `library`. `runtime` allocates buffers and generates the driver.
 
-Small kernels run serially: below PARALLEL_MIN_POINTS domain points, waking
-threads costs more than it saves (and a serial kernel compiles faster).
+Small kernels run serially: below PARALLEL_MIN_POINTS domain points (about
+a megabyte of float32, a few tens of microseconds of work), waking threads
+costs more than it saves (and a serial kernel compiles faster).
 
 Threads wait passively between kernels (`OMP_WAIT_POLICY=PASSIVE`, unless
 the environment says otherwise, set before Numba starts its OpenMP pool): a
@@ -38,7 +39,7 @@ from .runtime import BoundKernel, Runner
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-PARALLEL_MIN_POINTS = 1 << 15
+PARALLEL_MIN_POINTS = 1 << 18
 """Smallest iteration domain (points) a kernel is parallelised over."""
 
 CONSERVATIVE_FASTMATH = frozenset({"contract", "reassoc"})
