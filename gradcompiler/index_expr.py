@@ -255,6 +255,18 @@ def _lone_digit(e: Index) -> Digit | None:
     return None
 
 
+def substitute(e: Index, mapping: dict[int, Index], extents: Sequence[int]) -> Index:
+    """`e` with loop index k replaced by `mapping[k]` (an expression over a new domain `extents`)."""
+    total = Index.lit(e.const)
+    for atom, coeff in e.terms:
+        if isinstance(atom, Axis):
+            part = mapping.get(atom.k, Index.axis(atom.k))
+        else:
+            part = digit(substitute(atom.expr, mapping, extents), atom.div, atom.mod, extents)
+        total = total + part * coeff
+    return total
+
+
 def strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Row-major element strides of `shape`."""
     result, step = [], 1

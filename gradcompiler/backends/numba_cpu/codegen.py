@@ -41,14 +41,17 @@ Identifiers are sanitised (`p3`, `v17`, `i1`); numbers in the source are
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ...cones import domain_index
-from ...index_expr import Index, ravel
-from ...kernel import Compute, Load, LoopKernel, Reduction, RowValue
+from ...index_expr import Index, ravel, substitute
+from ...kernel import Compute, Instr, Load, LoopKernel, Phase, Reduction, RowValue
 from .scalar_ops import literal, scalar_expr
+
+ROW_SPLIT = 1024
+"""Row length a long rank-1 kernel is split into (`split_long_vector`)."""
 
 _INIT = {"SUM": 0, "PRODUCT": 1}
 _COMBINE = {
@@ -381,6 +384,34 @@ class _Writer:
         return KernelSource(text, tuple(self.scratch), self.parallel)
 
 
+def split_long_vector(kernel: LoopKernel) -> LoopKernel:
+    """A long rank-1 kernel as rows of ROW_SPLIT points (the same points, in the same order).
+
+    A rank-1 loop has no inner loop to vectorise a row sum in, so a long
+    sum would pile millions of elements onto one accumulator; as rows, it
+    sums each row in a register and then adds up the rows.
+    """
+    (n,) = kernel.domain
+    if n < 16 * ROW_SPLIT or n % ROW_SPLIT:
+        return kernel
+    domain = (n // ROW_SPLIT, ROW_SPLIT)
+    flat = {0: Index.axis(0) * ROW_SPLIT + Index.axis(1)}
+
+    def load(instr: Instr) -> Instr:
+        if not isinstance(instr.expr, Load):
+            return instr
+        index = substitute(instr.expr.index, flat, domain)
+        return Instr(instr.var, Load(instr.expr.param, index), instr.dtype)
+
+    phases = tuple(
+        Phase(tuple(load(i) for i in phase.instrs), phase.stores,
+              tuple(replace(r, axes=(0, 1) if r.axes == (0,) else r.axes) for r in phase.reductions))
+        for phase in kernel.phases)
+    return LoopKernel(domain, kernel.params, phases)
+
+
 def generate(kernel: LoopKernel, parallel: bool, fastmath: frozenset[str] = frozenset()) -> KernelSource:
     """The module source of `kernel` (module docstring)."""
+    if len(kernel.domain) == 1:
+        kernel = split_long_vector(kernel)
     return _Writer(kernel, parallel and len(kernel.domain) > 0, fastmath).source()
