@@ -185,7 +185,6 @@ class KernelStep:
     kernel: LoopKernel
     args: tuple[int | None, ...]
     nodes: tuple[int, ...]  # the graph nodes it evaluates (fused ops), for reports
-    group: str = ""
 
     @property
     def outputs(self) -> tuple[int, ...]:
@@ -201,7 +200,6 @@ class LibraryStep:
     inputs: tuple[int, ...]
     output: int
     node: int
-    group: str = ""
 
 
 Step = KernelStep | LibraryStep

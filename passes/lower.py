@@ -225,7 +225,7 @@ class _ProgramBuilder:
 
     def add_loop(self, loop: FusedLoop) -> None:
         kernel, args = _LoopEmitter(self.graph, loop, self).kernel()
-        self.steps.append(KernelStep(loop.name, kernel, args, tuple(loop.computes), loop.name))
+        self.steps.append(KernelStep(loop.name, kernel, args, tuple(loop.computes)))
 
     def add_library(self, group: FusedLibrary) -> None:
         call = self.graph[group.call]
@@ -235,7 +235,7 @@ class _ProgramBuilder:
                           if node_class(self.graph[r]) != "reduction" and self.graph[r].type == call.type)
             self.buffer_of[call.id] = self.buffer(target)
         inputs = tuple(self.buffer(i) for i in call.inputs)
-        self.steps.append(LibraryStep(group.name, call.op, inputs, self.buffer(call.id), call.id, group.name))
+        self.steps.append(LibraryStep(group.name, call.op, inputs, self.buffer(call.id), call.id))
         if epilogue is not None:
             self.add_loop(epilogue)
 
