@@ -26,7 +26,7 @@ import numpy as np
 
 from passes.fuse import run as fuse_pass
 from passes.lower import lower
-from passes.pipeline import DEFAULT_PIPELINE, Pass, debug_from_env, format_stats, optimize, run_pass
+from passes.pipeline import DEFAULT_PIPELINE, Pass, debug_from_env, optimize, run_pass
 from passes.memory import run as memory_pass
 
 from .backends import require_target
@@ -38,6 +38,7 @@ from .kernel import KernelStep, LibraryStep, Program
 from .ops.linalg import BatchedMatrixMul, MatrixMul
 from .ops.source import Placeholder
 from .reference import first_non_finite
+from .report import format_report
 
 
 @dataclass
@@ -189,29 +190,9 @@ class Executable:
         return self._build.sources()
 
     def report(self) -> str:
-        """What the compiler did: passes, kernels, captures, memory, compile times, cache."""
-        lines = ["passes:", *("  " + line for line in format_stats(self.context).splitlines())]
-        distinct = len({k.module for k in self.kernels if k.kind == "loop"})
-        lines.append(f"kernels: {len(self.kernels)} steps, {distinct} distinct compiled loop kernels")
-        for k in self.kernels:
-            where = f"{k.module} {'parallel' if k.parallel else 'serial'}" if k.kind == "loop" else "library"
-            ops = ", ".join(k.ops[:6]) + (f", … ({len(k.ops)} ops)" if len(k.ops) > 6 else "")
-            lines.append(f"  {k.name:<20} {k.kind:<7} {list(k.space)!s:<16} {_size(k.bytes_moved)} moved, "
-                         f"{_count(k.flops)}FLOP  [{where}]  {ops}")
-        if self.memory is not None:
-            lines.append(f"memory: peak {_size(self.memory.peak_bytes)} "
-                         f"(unfused {_size(self.memory.unfused_peak_bytes)}), arena {_size(self.memory.arena_bytes)}")
-            lines.append(f"captures: {len(self.memory.captures)} ({_size(self.memory.capture_bytes)})")
-            for node_id, shape, dtype, nbytes in self.memory.captures:
-                lines.append(f"  %{node_id} {self.graph[node_id].op.label} {np.dtype(dtype).name}{list(shape)} "
-                             f"{_size(nbytes)}")
-        compiled = [k for k in self.kernels if k.kind == "loop"]
-        loaded = sum(k.from_cache for k in {k.module: k for k in compiled}.values())
-        lines.append("compile: " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in self.timings.items())
-                     + f"; {distinct} kernels ({loaded} loaded from the Numba cache)")
-        info = cache_info()
-        lines.append("cache: " + ", ".join(f"{k}={v}" for k, v in info.items()))
-        return "\n".join(lines)
+        """What the compiler did: passes, kernels, captures, memory, compile times, cache
+        (`gradcompiler.report.format_report`)."""
+        return format_report(self)
 
 
 class DeviceExecutable(Executable):
@@ -245,20 +226,6 @@ def clear_cache() -> None:
     from .backends.numba_cpu.cache import clear_cache as clear
 
     clear()
-
-
-def _count(n: int) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} "
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
 
 
 def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: bool = False,

@@ -5,10 +5,12 @@
 Sections, each read from what the executable exposes (nothing is measured
 again here): the passes (`passes.pipeline.format_stats`: nodes before and
 after, rewrites by kind, bytes saved), the kernels (`executable.kernels`:
-name, iteration space, fused ops, bytes moved, FLOPs, how it was compiled),
+name, iteration space, fused ops, bytes moved, FLOPs, how it was compiled
+and its generated module, as `step.source()` names it),
 the captures (`memory.captures`: the forward values kept alive for the
 backward, with their sizes), the memory plan (peak against the unfused
-op-by-op peak), and the compile (seconds per stage, cache hits).
+op-by-op peak), and the compile (seconds per stage, cache hits, and the
+kernel cache's counters for the whole process, read when the report is made).
 """
 
 from __future__ import annotations
@@ -73,16 +75,16 @@ def _kernels(executable: Any) -> list[str]:
     for k in kernels:
         if k.kind == "loop":
             built = ("cache" if k.from_cache else f"{k.compile_seconds:.2f} s") + \
-                (" parallel" if k.parallel else "")
+                (", parallel" if k.parallel else ", serial")
         else:
             built = "library"
         rows.append([k.name, k.kind, "×".join(map(str, k.space)) or "scalar",
-                     format_bytes(k.bytes_moved), format_count(k.flops), built, fused_ops(k.ops)])
+                     format_bytes(k.bytes_moved), format_count(k.flops), built, k.module, fused_ops(k.ops)])
     rows.append(["total", "", "", format_bytes(sum(k.bytes_moved for k in kernels)),
-                 format_count(sum(k.flops for k in kernels)), "", ""])
+                 format_count(sum(k.flops for k in kernels)), "", "", ""])
     summary = (f"  {len(kernels)} steps: {len(loops)} fused loops ({len(distinct)} distinct kernels), "
                f"{len(kernels) - len(loops)} library calls")
-    header = ["name", "kind", "iteration space", "bytes moved", "FLOPs", "built", "fused ops"]
+    header = ["name", "kind", "iteration space", "bytes moved", "FLOPs", "built", "module", "fused ops"]
     return [summary, *format_table(header, rows)]
 
 
@@ -112,6 +114,8 @@ def _memory(executable: Any) -> list[str]:
 
 
 def _compile(executable: Any) -> list[str]:
+    from .compile import cache_info  # compile.py imports this module
+
     timings = executable.timings
     stages = ", ".join(f"{stage} {seconds:.3f} s" for stage, seconds in timings.items())
     distinct = {k.module: k for k in executable.kernels if k.kind == "loop"}.values()
@@ -121,6 +125,7 @@ def _compile(executable: Any) -> list[str]:
         f"  {stages} (total {sum(timings.values()):.3f} s)",
         (f"  cache: {hits} of {len(distinct)} distinct kernels loaded from the on-disk cache, "
          f"{len(compiled)} compiled by Numba ({sum(k.compile_seconds for k in compiled):.2f} s)"),
+        "  cache counters of this process: " + ", ".join(f"{k}={v}" for k, v in cache_info().items()),
     ]
 
 

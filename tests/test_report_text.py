@@ -61,6 +61,27 @@ def test_report_has_every_section_in_order(step, sections):
     assert f"{len(step.graph)} after" in head and "7 outputs" in head
 
 
+def test_step_report_is_format_report_with_every_section(step):
+    text = step.report()
+    assert text == format_report(step)
+    for title in SECTIONS:
+        assert f"\n== {title} ==\n" in text
+    info = gc.cache_info()
+    counters = next(line for line in text.splitlines() if "cache counters of this process" in line)
+    assert f"directory={info['directory']}" in counters
+    assert all(f"{key}=" in counters for key in info)
+
+
+def test_loop_rows_name_their_module_and_how_they_run(step, sections):
+    for kernel in step.kernels:
+        cells = row_of(sections["kernels"], kernel.name)
+        if kernel.kind == "loop":
+            assert kernel.module in cells and step.source().count(f"# ---- {kernel.module}\n") == 1
+            assert cells[5].endswith(", parallel" if kernel.parallel else ", serial")
+        else:
+            assert cells[5] == "library"
+
+
 def test_passes_section_lists_every_pass_with_its_node_counts(step, sections):
     lines = sections["passes"]
     for stats, line in zip(step.context.stats, lines):

@@ -169,7 +169,8 @@ def test_source_and_report_describe_the_step(bias_step):
     source = step.source()
     assert "@njit(parallel=" in source and "cache=True" in source and "def make(" in source
     report = step.report()
-    for part in ("passes:", "fuse", "memory", "kernels:", "captures:", "compile:", "cache:"):
+    for part in ("== passes ==", "fuse", "== memory ==", "== kernels ==", "== captures ==",
+                 "== compile ==", "cache counters"):
         assert part in report
     loops = [k for k in step.kernels if k.kind == "loop"]
     assert loops and all(k.bytes_moved > 0 and k.flops > 0 and k.ops for k in loops)
