@@ -3,7 +3,7 @@
     step = gc.compile(outputs, target="cpu")
     values = step(**feeds)            # fresh arrays
     step(out=[...], **feeds)          # written into the caller's arrays
-    print(step.report()); step.source()
+    print(step.report()); step.source(); step.to_dot("step.dot")
 
 The pipeline (`passes.pipeline.optimize`, with `fuse` and `memory`) runs
 on a copy of the graph; `passes.lower` turns the optimised graph and its
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -30,6 +31,7 @@ from passes.pipeline import DEFAULT_PIPELINE, Pass, debug_from_env, optimize, ru
 from passes.memory import run as memory_pass
 
 from .backends import require_target
+from .dot import to_dot
 from .errors import DTypeError, FeedError, GraphError, NonFiniteError
 from .feeds import validate_feeds
 from .frontend.tensor import Tensor
@@ -188,6 +190,11 @@ class Executable:
     def source(self) -> str:
         """Every generated module of this executable: the distinct kernels, then the driver."""
         return self._build.sources()
+
+    def to_dot(self, path: str | Path | None = None, stage: str = "optimised") -> str:
+        """The DOT text of this step's graph at `stage`; with `path`, also written (or rendered
+        by its suffix). `gradcompiler.dot.to_dot` says what each stage draws."""
+        return to_dot(self, path, stage=stage)
 
     def report(self) -> str:
         """What the compiler did: passes, kernels, captures, memory, compile times, cache

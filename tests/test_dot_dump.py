@@ -221,3 +221,15 @@ def test_forward_and_backward_stages_of_an_executable_draw_its_optimised_graph(c
     parsed = parse(gc.to_dot(compiled_mlp, stage="forward"))
     assert set(clusters(parsed)) == {"cluster_forward"}
     assert all(dot_module.side(compiled_mlp.graph[i]) == "forward" for i in node_ids(parsed))
+
+
+def test_step_to_dot_writes_the_optimised_graph_and_takes_a_stage(compiled_mlp, tmp_path):
+    target = tmp_path / "step.dot"
+    text = compiled_mlp.to_dot(str(target))
+    assert target.read_text(encoding="utf-8") == text
+    assert text == gc.to_dot(compiled_mlp, stage="optimised")
+    assert set(nested_clusters(parse(text))) == {k.name for k in compiled_mlp.plan.kernels()}
+    forward = parse(compiled_mlp.to_dot(stage="forward"))
+    assert set(clusters(forward)) == {"cluster_forward"}
+    with pytest.raises(ValueError, match="unknown stage 'fused'"):
+        compiled_mlp.to_dot(stage="fused")
