@@ -28,6 +28,8 @@ MIN_KERNELS_FOR_BAR = 3
 
 def _wanted(total: int, enabled: bool | None) -> bool | None:
     """True/False to force the bar on or off; None lets tqdm show it on a terminal only."""
+    if total == 0:
+        return False  # nothing to wait for
     if enabled is not None:
         return enabled
     setting = os.environ.get("GRADCOMPILER_PROGRESS", "")

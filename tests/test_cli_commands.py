@@ -178,3 +178,35 @@ def test_progress_bar_follows_the_environment_switch(monkeypatch):
     with compile_progress(50, file=stream) as tick:
         tick("k0")
     assert stream.getvalue() == ""
+
+
+def _many_kernel_step():
+    """Five outputs over five domains: five loop kernels, more than MIN_KERNELS_FOR_BAR."""
+    with gc.Graph("bar"):
+        return [gc.exp(gc.input("a", (5, 3))).sum(axis=0), gc.tanh(gc.input("b", (4,))),
+                gc.sigmoid(gc.input("c", (2, 3, 2))).max(axis=2), gc.input("d", (7,)) * 3.0,
+                gc.log1p(gc.input("e", (3, 3)))]
+
+
+def test_the_cpu_backend_shows_the_bar_for_kernels_new_to_the_process(monkeypatch, capsys):
+    from gradcompiler.backends import numba_cpu
+
+    monkeypatch.setattr(numba_cpu, "_COMPILED", {})  # every kernel is new to this process
+    monkeypatch.setenv("GRADCOMPILER_PROGRESS", "1")
+    step = gc.compile(_many_kernel_step())
+    new = len(step._build.distinct)
+    assert new > MIN_KERNELS_FOR_BAR
+    shown = capsys.readouterr().err
+    assert f"{new}/{new}" in shown and "compiling kernels" in shown
+    gc.compile(_many_kernel_step())  # every kernel built already: nothing to wait for
+    assert capsys.readouterr().err == ""
+
+
+def test_the_cpu_backend_bar_is_silent_off_a_terminal(monkeypatch, capsys):
+    from gradcompiler.backends import numba_cpu
+
+    monkeypatch.setattr(numba_cpu, "_COMPILED", {})
+    monkeypatch.delenv("GRADCOMPILER_PROGRESS", raising=False)
+    step = gc.compile(_many_kernel_step())
+    assert len(step._build.distinct) > MIN_KERNELS_FOR_BAR
+    assert capsys.readouterr().err == ""

@@ -33,6 +33,7 @@ import numpy as np
 from numba import types
 
 from ...kernel import KernelStep, LibraryStep, LoopKernel, Program
+from ...progress import compile_progress
 from . import cache
 from .codegen import KernelSource, generate
 from .runtime import BoundKernel, Runner
@@ -136,19 +137,35 @@ def library_call(op) -> Callable:
     return library_kernel(op)
 
 
+def _parallel(step: KernelStep, options: BuildOptions) -> bool:
+    return step.kernel.size >= options.parallel_min_points and len(step.kernel.domain) > 0
+
+
 def build(program: Program, options: BuildOptions) -> CpuBuild:
-    """Compile every kernel of `program` and set up its runtime."""
+    """Compile every kernel of `program` and set up its runtime.
+
+    Numba takes seconds per new kernel, so the kernels this process has not
+    built yet are counted on a progress bar (`gradcompiler.progress`: shown
+    on a terminal only, when there are more than a few).
+    """
     threads = numba.get_num_threads()
+    pending = {(step.kernel, _parallel(step, options), options.fastmath) for step in program.steps
+               if isinstance(step, KernelStep)}.difference(_COMPILED)
     bound, step_kernels, library = [], [], {}
-    for s, step in enumerate(program.steps):
-        if isinstance(step, KernelStep):
-            parallel = step.kernel.size >= options.parallel_min_points and len(step.kernel.domain) > 0
-            compiled = compile_kernel(step.kernel, parallel, options.fastmath)
-            step_kernels.append(compiled)
-            bound.append(BoundKernel(compiled.function, compiled.source.scratch, threads if parallel else 1))
-        else:
-            assert isinstance(step, LibraryStep)
-            library[s] = library_call(step.op)
+    with compile_progress(len(pending)) as tick:
+        for s, step in enumerate(program.steps):
+            if isinstance(step, KernelStep):
+                parallel = _parallel(step, options)
+                key = (step.kernel, parallel, options.fastmath)
+                compiled = compile_kernel(*key)
+                if key in pending:
+                    pending.discard(key)
+                    tick(step.name)
+                step_kernels.append(compiled)
+                bound.append(BoundKernel(compiled.function, compiled.source.scratch, threads if parallel else 1))
+            else:
+                assert isinstance(step, LibraryStep)
+                library[s] = library_call(step.op)
     runner = Runner(program, bound, library, options.arena_sizes, options.step_labels, options.debug)
     distinct = list({id(k): k for k in step_kernels}.values())
     return CpuBuild(runner, step_kernels, distinct)
