@@ -372,3 +372,78 @@ def test_empty_feeds_slices_and_reductions(target):
     want = [x_value, x_value[:2], np.zeros(3), np.full(2, np.nan), np.ones(2)]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w.astype(np.float32))
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_results_the_caller_holds_are_never_rewritten(target):
+    """A later call of a compiled step must not write into arrays an earlier call returned while
+    the caller still holds them (or a view of them), and no two outputs share memory with each
+    other or with a feed. (The reference interpreter hands back its values as they are.)"""
+    with gc.Graph("results"):
+        x = gc.param("x", (3,))
+        y = gc.exp(x) * 2.0
+        dx = gc.grad((y * y).sum(), x)
+    step = Program([y, y, x, dx], target)
+    first_x = np.array([0.0, 1.0, 2.0], np.float32)
+    first = step(x=first_x)
+    tail_view = first[0][1:]
+    step(x=np.array([3.0, 4.0, 5.0], np.float32))
+    want_y = 2 * np.exp(first_x.astype(np.float64))
+    np.testing.assert_allclose(first[0], want_y, rtol=1e-6)
+    np.testing.assert_allclose(tail_view, want_y[1:], rtol=1e-6)
+    np.testing.assert_allclose(first[3], 2 * want_y * want_y, rtol=1e-5)
+    first[0][0] = -1.0  # the caller owns what it got: writing it changes nothing else
+    assert first[1][0] == pytest.approx(2.0) and first[2][0] == 0.0 and first_x[0] == 0.0
+
+
+def single_index_ops():
+    """Programs that hold one indexing op each, so no other op's check can stand in for its own;
+    each with a good feed and the numpy value it must give, and a bad feed."""
+    with gc.Graph("gather_gradient_only"):
+        x = gc.param("x", (4, 3))
+        idx = gc.input("idx", (3,), "int32")
+        (dx,) = gc.grad(x[idx].sum(), [x])  # a scatter-add of ones: the gather itself is pruned
+    good = np.array([1, -1, 1], np.int32)
+    counts = np.zeros((4, 3), np.float32)
+    np.add.at(counts, good, 1.0)
+    yield "gather-gradient", [dx], {"idx": good}, [counts], {"idx": np.array([1, 4, 0], np.int32)}
+    with gc.Graph("scatter_add_only"):
+        x = gc.param("x", (5,))
+        pos = gc.input("pos", (2,), "int64")
+        added = gc.index_add(x, pos, 1.0)
+    x_value = np.arange(5, dtype=np.float32)
+    want = x_value.copy()
+    np.add.at(want, [-5, 0], 1.0)
+    yield ("scatter-add", [added], {"x": x_value, "pos": np.array([-5, 0], np.int64)}, [want],
+           {"x": x_value, "pos": np.array([0, -6], np.int64)})
+    with gc.Graph("scatter_set_only"):
+        x = gc.param("x", (5,))
+        pos = gc.input("pos", (2,), "int32")
+        updated = gc.index_update(x, pos, -1.0)
+    want = x_value.copy()
+    want[[4, 2]] = -1.0
+    yield ("scatter-set", [updated], {"x": x_value, "pos": np.array([4, 2], np.int32)}, [want],
+           {"x": x_value, "pos": np.array([5, 2], np.int32)})
+    with gc.Graph("set_one_hot_only"):
+        x = gc.param("x", (2, 3))
+        labels = gc.input("labels", (2,), "int32")
+        placed = gc.indexing_set_one_hot(x, labels, gc.full((2,), 7.0), axis=1)
+    x_value = np.zeros((2, 3), np.float32)
+    want = np.array([[0, 0, 7], [7, 0, 0]], np.float32)
+    yield ("set-one-hot", [placed], {"x": x_value, "labels": np.array([2, 0], np.int32)}, [want],
+           {"x": x_value, "labels": np.array([2, 3], np.int32)})
+
+
+SINGLE_INDEX_OPS = {name: rest for name, *rest in single_index_ops()}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(SINGLE_INDEX_OPS))
+def test_every_indexing_op_checks_its_own_indices(target, name):
+    outputs, good, want, bad = SINGLE_INDEX_OPS[name]
+    step = Program(outputs, target)
+    x_feed = {"x": np.arange(12, dtype=np.float32).reshape(4, 3)} if name == "gather-gradient" else {}
+    with pytest.raises(IndexOutOfRangeError, match=r"index value -?\d+ is out"):
+        step(**x_feed, **bad)
+    for got, expected in zip(step(**x_feed, **good), want):
+        np.testing.assert_array_equal(got, expected)

@@ -127,7 +127,8 @@ def test_compiled_values_and_gradients_match_the_reference(target):
 
 def test_the_recipes_reach_every_op():
     """The strategy really covers the IR: every op class appears in some case or in its
-    gradient, and the recipes draw every Elemwise mode (a new mode must join them)."""
+    gradient, and the recipes draw every Elemwise mode (a new mode must join them). The
+    examples are derandomized, so coverage is a fixed property of the strategy, not luck."""
     seen: set[str] = set()
 
     def record(case):
@@ -137,7 +138,7 @@ def test_the_recipes_reach_every_op():
 
     for recipe in sorted(RECIPES):
         cases = fuzz_cases(max_steps=2, recipes=(recipe,))
-        settings(max_examples=10, database=None)(given(cases)(record))()
+        settings(max_examples=20, database=None, derandomize=True)(given(cases)(record))()
     missing = {c.__name__ for c in all_op_classes()} - seen
     assert not missing, f"no fuzz case builds {sorted(missing)}"
     assert DRAWN_MODES == set(MODES), sorted(set(MODES) ^ DRAWN_MODES)
