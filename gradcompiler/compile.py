@@ -5,8 +5,8 @@
     step(out=[...], **feeds)          # written into the caller's arrays
     print(step.report()); step.source(); step.to_dot("step.dot")
 
-The pipeline (`passes.pipeline.optimize`, with `fuse` and `memory`) runs
-on a copy of the graph; `passes.lower` turns the optimised graph and its
+The pipeline (`passes.pipeline.optimize`, ending with `fuse` and `memory`)
+runs on a copy of the graph; `passes.lower` turns the optimised graph and its
 fusion plan into a Kernel IR program; the backend generates, caches and
 compiles it. The Executable keeps every stage for inspection: `.graph`
 (optimised), `.plan` (fusion), `.context` (pass stats, memory plan),
@@ -25,10 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from passes.fuse import run as fuse_pass
 from passes.lower import lower
-from passes.pipeline import DEFAULT_PIPELINE, Pass, debug_from_env, optimize, run_pass
-from passes.memory import run as memory_pass
+from passes.pipeline import FUSE, MEMORY, debug_from_env, optimize, run_pass
 
 from .backends import require_target
 from .dot import to_dot
@@ -116,22 +114,16 @@ def _kernel_infos(graph: Graph, program: Program, compiled) -> list[KernelInfo]:
     return infos
 
 
-FUSE = Pass("fuse", fuse_pass)
-
-
-def _with_fuse(passes, extra_passes) -> list:
-    """`extra_passes`, then fuse, unless the chosen pipeline fuses already (it runs before memory)."""
-    chosen = DEFAULT_PIPELINE if passes is None else list(passes)
-    names = [getattr(p, "name", None) or getattr(p, "__name__", "") for p in [*chosen, *extra_passes]]
-    return [*extra_passes] if FUSE.name in names else [*extra_passes, FUSE]
-
-
 def _ensure_planned(graph: Graph, ctx) -> None:
-    """Run fuse and memory if the chosen passes left no plan, or a memory plan of another grouping."""
+    """Run fuse and memory if the chosen passes left no plan, or a memory plan of another grouping.
+
+    Code is generated from fusion groups only, so a `passes=` list without fuse
+    is still fused (after its own passes), and its memory plan made again.
+    """
     if ctx.fusion is None:
         run_pass(FUSE, graph, ctx)
     if ctx.memory is None or ctx.memory.order != ctx.fusion.groups:
-        run_pass(Pass("memory", memory_pass), graph, ctx)
+        run_pass(MEMORY, graph, ctx)
 
 
 class Executable:
@@ -239,8 +231,10 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
             fastmath: bool | Sequence[str] = False) -> Executable:  # noqa: A001 - the natural name
     """Compile Tensor `outputs` (one, or a list) into an Executable for `target`.
 
-    `passes` replaces the default pipeline, `extra_passes` run before the
-    memory plan; `debug=True` verifies the graph after every pass and
+    `passes` replaces the default pipeline (`passes.pipeline.DEFAULT_PIPELINE`;
+    a list without fuse is fused and memory-planned after its own passes, as
+    code is generated from fusion groups only), `extra_passes` run before
+    fuse; `debug=True` verifies the graph after every pass and
     checks every kernel's outputs for NaN/Inf (NonFiniteError naming the
     kernel and the forward op). `fastmath`: False (default: fused
     multiply-add and reassociation, which change rounding but not special
@@ -264,7 +258,7 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     timings = {}
     start = time.perf_counter()
     graph, ctx = optimize(source_graph, [t.id for t in tensors], passes=passes,
-                          extra_passes=_with_fuse(passes, extra_passes), debug=debug)
+                          extra_passes=extra_passes, debug=debug)
     _ensure_planned(graph, ctx)
     _check_dtypes(graph, target)
     timings["passes"] = time.perf_counter() - start

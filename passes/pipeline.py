@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Sequence
 from gradcompiler.errors import GraphError
 from gradcompiler.ir import Graph, verify
 
-from . import constant_fold, cse, memory, prune, simplify
+from . import constant_fold, cse, fuse, memory, prune, simplify
 from .groups import FusionPlan
 from .memory import MemoryPlan
 
@@ -89,10 +89,19 @@ PRUNE = Pass("prune", prune.run)
 SIMPLIFY = Pass("simplify", simplify.run)
 CSE = Pass("cse", cse.run)
 CONSTANT_FOLD = Pass("constant_fold", constant_fold.run)
+FUSE = Pass("fuse", fuse.run)
 MEMORY = Pass("memory", memory.run)
 
-DEFAULT_PIPELINE: list[Pass] = [PRUNE, SIMPLIFY, CSE, CONSTANT_FOLD, SIMPLIFY, MEMORY]
-"""The passes `optimize` runs by default, in order. Fusion goes before MEMORY."""
+DEFAULT_PIPELINE: list[Pass] = [PRUNE, SIMPLIFY, CSE, CONSTANT_FOLD, SIMPLIFY, FUSE, MEMORY]
+"""The passes `optimize` (and so `gc.compile`) runs by default, in order. FUSE and MEMORY
+plan rather than rewrite, so they come last: the memory plan follows the fusion groups."""
+
+UNFUSED_PIPELINE: list[Pass] = [p for p in DEFAULT_PIPELINE if p is not FUSE]
+"""The default without FUSE: MEMORY then plans the op-by-op program (`memory.singleton_plan`),
+the baseline fusion is measured against."""
+
+_PLANNING_PASSES = (FUSE.name, MEMORY.name)
+"""Passes whose plans describe the graph as it stands: the graph must not change after them."""
 
 
 def computed_bytes(graph: Graph) -> int:
@@ -105,9 +114,9 @@ def debug_from_env() -> bool:
 
 
 def _with_extras(passes: list[Pass], extras: list[Pass]) -> list[Pass]:
-    """`passes` with `extras` inserted before the memory pass (appended if there is none)."""
-    names = [p.name for p in passes]
-    at = names.index(MEMORY.name) if MEMORY.name in names else len(passes)
+    """`passes` with `extras` inserted before the first planning pass (appended if there is
+    none), so that an extra pass that rewrites the graph never leaves a stale plan."""
+    at = next((k for k, p in enumerate(passes) if p.name in _PLANNING_PASSES), len(passes))
     return passes[:at] + extras + passes[at:]
 
 
@@ -140,7 +149,7 @@ def optimize(
     """Run the pipeline on a copy of `graph` whose outputs are `outputs`.
 
     `passes` replaces DEFAULT_PIPELINE; `extra_passes` are inserted before
-    the memory pass. The input graph is never modified. The copy's
+    the first planning pass (fuse, or memory). The input graph is never modified. The copy's
     `outputs` may be renumbered by rewrites (an output replaced by an
     equivalent node), in order, one per requested output.
     """

@@ -50,6 +50,28 @@ def test_values_match_numpy_and_buffers_are_reused(bias_step, rng):
     np.testing.assert_array_equal(first[1], numpy_step(**feeds)[1])  # results are copies, not views
 
 
+@pytest.mark.parametrize("passes", ["unfused", "cse only"])
+def test_a_pass_list_without_fuse_is_fused_after_its_own_passes(passes, rng):
+    from passes.pipeline import CSE, UNFUSED_PIPELINE
+
+    chosen = UNFUSED_PIPELINE if passes == "unfused" else [CSE]
+    with gc.Graph("bias"):
+        x = gc.input("x", (6, 5), "float64")
+        b, w = gc.param("b", (5,), "float64"), gc.param("w", (5,), "float64")
+        loss = gc.sum(gc.relu(x + b) * w)
+        grads = gc.grad(loss, [x, b, w])
+    step = gc.compile([loss, *grads], passes=chosen)
+    names = [s.name for s in step.context.stats]
+    assert names[:len(chosen)] == [p.name for p in chosen] and names[-2:] == ["fuse", "memory"]
+    assert step.memory.order == step.plan.groups
+    feeds = _feeds(rng)
+    t = feeds["x"] + feeds["b"]
+    dx = np.where(t > 0, feeds["w"], 0.0)
+    want = [np.sum(np.maximum(t, 0) * feeds["w"]), dx, dx.sum(0), np.maximum(t, 0).sum(0)]
+    for got, expected in zip(step(**feeds), want):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
 def test_outputs_are_written_in_place_and_reused_once_the_caller_lets_go(bias_step, rng):
     """No copy out of internal buffers: a dropped result's memory serves the next call."""
     step, numpy_step = bias_step

@@ -12,14 +12,13 @@ import numpy as np
 import gradcompiler as gc
 from gradcompiler.ops.linalg import MatrixMul
 from gradcompiler.ops.shape import Broadcast, Transpose
-from passes.fuse import RECOMPUTE_LIMIT, FusedLibrary, FusedLoop, run as fuse
-from passes.memory import run as memory
+from passes.fuse import RECOMPUTE_LIMIT, FusedLibrary, FusedLoop
 from passes.pipeline import optimize
 
 
 def fused(outputs):
     """The optimised graph and its fusion plan (and memory plan) for Tensor `outputs`."""
-    graph, ctx = optimize(outputs[0].graph, [t.id for t in outputs], extra_passes=[fuse], debug=True)
+    graph, ctx = optimize(outputs[0].graph, [t.id for t in outputs], debug=True)
     return graph, ctx
 
 

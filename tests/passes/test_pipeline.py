@@ -14,6 +14,7 @@ from passes.pipeline import (
     DEFAULT_PIPELINE,
     PRUNE,
     SIMPLIFY,
+    UNFUSED_PIPELINE,
     Pass,
     PassContext,
     format_stats,
@@ -34,17 +35,22 @@ def small():
 
 
 def test_default_pipeline_order():
-    assert [p.name for p in DEFAULT_PIPELINE] == ["prune", "simplify", "cse", "constant_fold", "simplify", "memory"]
+    assert [p.name for p in DEFAULT_PIPELINE] == ["prune", "simplify", "cse", "constant_fold", "simplify", "fuse",
+                                                  "memory"]
+    assert [p.name for p in UNFUSED_PIPELINE] == ["prune", "simplify", "cse", "constant_fold", "simplify", "memory"]
 
 
-def test_optimize_works_on_a_copy(small, rng):
+@pytest.mark.parametrize("pipeline", [DEFAULT_PIPELINE, UNFUSED_PIPELINE], ids=["fused", "unfused"])
+def test_optimize_works_on_a_copy(small, rng, pipeline):
     g, x, y = small
     before = {i: n for i, n in g.nodes.items()}
-    opt, ctx = optimize(g, [y.id], debug=True)
+    opt, ctx = optimize(g, [y.id], passes=pipeline, debug=True)
     assert g.nodes == before and g.outputs == []
     assert opt is not g and len(opt) < len(g)
-    assert [s.name for s in ctx.stats] == [p.name for p in DEFAULT_PIPELINE]
-    assert ctx.memory is not None and ctx.fusion is None
+    assert [s.name for s in ctx.stats] == [p.name for p in pipeline]
+    assert ctx.memory is not None and (ctx.fusion is None) == (pipeline is UNFUSED_PIPELINE)
+    if ctx.fusion is not None:
+        assert ctx.memory.order == ctx.fusion.groups
     xv = rng.standard_normal((4, 8))
     np.testing.assert_allclose(run_graph(opt, opt.outputs, {"x": xv})[0], (2 * np.exp(xv)).sum(1))
 
@@ -65,7 +71,7 @@ def test_stats_count_nodes_rewrites_and_bytes(small):
 
 def test_format_stats_has_a_line_per_pass(small):
     g, x, y = small
-    _, ctx = optimize(g, [y.id])
+    _, ctx = optimize(g, [y.id], passes=UNFUSED_PIPELINE)
     lines = format_stats(ctx).splitlines()
     assert lines[0].startswith("prune") and "dropped ×1" in lines[0] and f"{len(g)} → {len(g) - 1}" in lines[0]
     assert lines[1].startswith("simplify") and "mul_by_one ×2" in lines[1]
@@ -76,7 +82,7 @@ def test_format_stats_has_a_line_per_pass(small):
     assert len(lines) == 7
 
 
-def test_passes_replace_and_extra_passes_go_before_memory(small):
+def test_passes_replace_and_extra_passes_go_before_the_planning_passes(small):
     g, x, y = small
     seen = []
 
@@ -86,9 +92,11 @@ def test_passes_replace_and_extra_passes_go_before_memory(small):
 
     _, ctx = optimize(g, [y.id], passes=[PRUNE, CSE])
     assert [s.name for s in ctx.stats] == ["prune", "cse"]
-    _, ctx = optimize(g, [y.id], extra_passes=[spy])
+    _, ctx = optimize(g, [y.id], passes=UNFUSED_PIPELINE, extra_passes=[spy])
     assert [s.name for s in ctx.stats] == ["prune", "simplify", "cse", "constant_fold", "simplify", "spy", "memory"]
     assert seen == [["prune", "simplify", "cse", "constant_fold", "simplify"]]
+    _, ctx = optimize(g, [y.id], extra_passes=[spy])  # the default: before fuse, which plans for memory
+    assert [s.name for s in ctx.stats][-3:] == ["spy", "fuse", "memory"]
     _, ctx = optimize(g, [y.id], passes=[PRUNE], extra_passes=[Pass("named", spy)])
     assert [s.name for s in ctx.stats] == ["prune", "named"]
 
