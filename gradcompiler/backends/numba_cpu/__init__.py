@@ -162,7 +162,8 @@ def build(program: Program, options: BuildOptions) -> CpuBuild:
                     pending.discard(key)
                     tick(step.name)
                 step_kernels.append(compiled)
-                bound.append(BoundKernel(compiled.function, compiled.source.scratch, threads if parallel else 1))
+                bound.append(BoundKernel(compiled.function, compiled.source.scratch,
+                                         threads if parallel else 1))
             else:
                 assert isinstance(step, LibraryStep)
                 library[s] = library_call(step.op)
