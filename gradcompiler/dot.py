@@ -35,7 +35,7 @@ from typing import Any
 from .errors import BackendUnavailableError
 from .frontend.tensor import Tensor
 from .ir import Graph, Node
-from .report import format_bytes
+from .units import format_bytes
 
 STAGES = ("forward", "backward", "optimised")
 RENDERED_FORMATS = ("svg", "png", "pdf")

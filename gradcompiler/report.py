@@ -23,27 +23,9 @@ import numpy as np
 
 from passes.pipeline import format_stats
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-_COUNT_PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+from .units import format_bytes, format_count
+
 SECTIONS = ("passes", "kernels", "captures", "memory", "compile")
-
-
-def format_bytes(nbytes: int) -> str:
-    """`1536` → `1.5 KiB`: binary units, exact below one KiB."""
-    value = float(nbytes)
-    for unit in _UNITS[:-1]:
-        if abs(value) < 1024:
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} {_UNITS[-1]}"
-
-
-def format_count(count: float) -> str:
-    """`1_250_000` → `1.25 M`: decimal prefixes, exact below a thousand."""
-    for scale, prefix in _COUNT_PREFIXES:
-        if abs(count) >= scale:
-            return f"{count / scale:.3g} {prefix}"
-    return f"{int(count)}"
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:

@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Sequence
 
 from gradcompiler.errors import GraphError
 from gradcompiler.ir import Graph, verify
+from gradcompiler.units import format_bytes
 
 from . import constant_fold, cse, fuse, memory, prune, simplify
 from .groups import FusionPlan
@@ -165,10 +166,6 @@ def optimize(
     return work, ctx
 
 
-def _kib(nbytes: int) -> str:
-    return f"{nbytes / 1024:.1f} KiB" if abs(nbytes) >= 1024 else f"{nbytes} B"
-
-
 def format_stats(ctx: PassContext) -> str:
     """One line per pass run: nodes before → after, rewrites by kind, bytes saved, time.
 
@@ -179,11 +176,12 @@ def format_stats(ctx: PassContext) -> str:
     for s in ctx.stats:
         rewrites = ", ".join(f"{k} ×{v}" for k, v in sorted(s.rewrites.items())) or "no change"
         lines.append(f"{s.name:<{width}}  {s.nodes_before:>4} → {s.nodes_after:<4} nodes  {rewrites}; "
-                     f"saved {_kib(s.bytes_saved)}  ({s.seconds * 1e3:.1f} ms)")
+                     f"saved {format_bytes(s.bytes_saved)}  ({s.seconds * 1e3:.1f} ms)")
     if ctx.memory is not None:
         plan = ctx.memory
         lines.append(
-            f"memory plan: peak {_kib(plan.peak_bytes)} (unfused op-by-op {_kib(plan.unfused_peak_bytes)}), "
+            f"memory plan: peak {format_bytes(plan.peak_bytes)} "
+            f"(unfused op-by-op {format_bytes(plan.unfused_peak_bytes)}), "
             f"{len(plan.buffer_sizes)} buffers for {len(plan.buffers)} values, "
-            f"{len(plan.captures)} captures ({_kib(plan.capture_bytes)})")
+            f"{len(plan.captures)} captures ({format_bytes(plan.capture_bytes)})")
     return "\n".join(lines)

@@ -1,8 +1,13 @@
-"""Helpers for tests that inspect graphs built by the differentiation pass."""
+"""Helpers for tests that inspect graphs built by the differentiation pass, and the
+small mlp training step several test files compile, draw or plan."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import gradcompiler as gc
+from gradcompiler.frontend.tensor import Tensor
 from gradcompiler.ir import Graph
 
 
@@ -35,3 +40,33 @@ def assert_grads(out, wrt, feeds, order: int = 1) -> None:
     grads = gc.grad(out.sum(), wrt)
     for g, w, value in zip(grads, wrt, gc.evaluate(grads, feeds)):
         assert g.type == w.type and value.shape == w.shape and value.dtype == w.dtype
+
+
+@dataclass
+class MlpStep:
+    graph: Graph
+    loss: Tensor
+    params: list[Tensor]  # w1, b1, w2, b2, w3, b3
+    grads: list[Tensor]  # of the loss, one per parameter
+    hidden: tuple[Tensor, Tensor]  # the two activations
+
+    @property
+    def outputs(self) -> list[Tensor]:
+        return [self.loss, *self.grads]
+
+
+def mlp_step(widths: tuple[int, int, int, int] = (12, 16, 16, 4), first: Callable = gc.relu,
+             dtype: str = "float64", batch: int = 8) -> MlpStep:
+    """Graph 'mlp': x (batch, widths[0]) → first(x@w1 + b1) → relu(·@w2 + b2) → ·@w3 + b3,
+    cross-entropy with int labels (input 'labels'), gradients wrt all six parameters."""
+    with gc.Graph("mlp") as g:
+        x = gc.input("x", (batch, widths[0]), dtype)
+        labels = gc.input("labels", (batch,), "int32")
+        params = []
+        for k, (n_in, n_out) in enumerate(zip(widths, widths[1:]), start=1):
+            params += [gc.param(f"w{k}", (n_in, n_out), dtype), gc.param(f"b{k}", (n_out,), dtype)]
+        w1, b1, w2, b2, w3, b3 = params
+        h1 = first(x @ w1 + b1)
+        h2 = gc.relu(h1 @ w2 + b2)
+        loss = gc.cross_entropy(h2 @ w3 + b3, labels)
+    return MlpStep(g, loss, params, gc.grad(loss, params), (h1, h2))

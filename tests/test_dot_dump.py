@@ -10,27 +10,19 @@ import warnings
 
 import pydot
 import pytest
+from helpers import mlp_step
 
 import gradcompiler as gc
 from gradcompiler import dot as dot_module
 from gradcompiler.dot import GraphvizMissingWarning
-from gradcompiler.report import format_bytes
+from gradcompiler.units import format_bytes
 
 STRANGE_NAMES = ['a"b{c}\n', "a\"b{c}\\n", "end\\", '"q"', "<b>html</b>", "x -> y; }"]
 
 
 def build_mlp():
-    with gc.Graph("mlp") as g:
-        x = gc.input("x", (8, 12))
-        y = gc.input("y", (8,), "int32")
-        params = [gc.param("w1", (12, 6)), gc.param("b1", (6,)), gc.param("w2", (6, 5)),
-                  gc.param("b2", (5,)), gc.param("w3", (5, 3)), gc.param("b3", (3,))]
-        w1, b1, w2, b2, w3, b3 = params
-        h = gc.tanh(x @ w1 + b1)
-        h = gc.relu(h @ w2 + b2)
-        loss = gc.cross_entropy(h @ w3 + b3, y)
-    grads = gc.grad(loss, params)
-    return g, loss, params, grads
+    step = mlp_step((12, 6, 5, 3), first=gc.tanh, dtype="float32")
+    return step.graph, step.loss, step.params, step.grads
 
 
 def parse(text: str) -> pydot.Dot:

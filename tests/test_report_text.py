@@ -7,27 +7,16 @@ import re
 
 import numpy as np
 import pytest
+from helpers import mlp_step
 
 import gradcompiler as gc
-from gradcompiler.report import SECTIONS, format_bytes, format_count, format_report, fused_ops
-
-
-def build_mlp():
-    with gc.Graph("mlp"):
-        x = gc.input("x", (8, 12))
-        y = gc.input("y", (8,), "int32")
-        params = [gc.param("w1", (12, 6)), gc.param("b1", (6,)), gc.param("w2", (6, 5)),
-                  gc.param("b2", (5,)), gc.param("w3", (5, 3)), gc.param("b3", (3,))]
-        w1, b1, w2, b2, w3, b3 = params
-        h = gc.tanh(x @ w1 + b1)
-        h = gc.relu(h @ w2 + b2)
-        loss = gc.cross_entropy(h @ w3 + b3, y)
-    return [loss, *gc.grad(loss, params)]
+from gradcompiler.report import SECTIONS, format_report, fused_ops
+from gradcompiler.units import format_bytes, format_count
 
 
 @pytest.fixture(scope="module")
 def step():
-    return gc.compile(build_mlp(), target="cpu")
+    return gc.compile(mlp_step((12, 6, 5, 3), first=gc.tanh, dtype="float32").outputs, target="cpu")
 
 
 @pytest.fixture(scope="module")

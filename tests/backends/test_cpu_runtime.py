@@ -11,23 +11,26 @@ import gradcompiler as gc
 from gradcompiler.errors import BackendUnavailableError, FeedError, IndexOutOfRangeError, NonFiniteError
 
 
-@pytest.fixture(scope="module")
-def bias_step():
-    """loss = Σ relu(x + b)·w with gradients, and a numpy version of it."""
-    with gc.Graph("bias") as g:
+def bias_outputs():
+    """loss = Σ relu(x + b)·w and its gradients wrt x, b, w."""
+    with gc.Graph("bias"):
         x = gc.input("x", (6, 5), "float64")
         b, w = gc.param("b", (5,), "float64"), gc.param("w", (5,), "float64")
         loss = gc.sum(gc.relu(x + b) * w)
-        grads = gc.grad(loss, [x, b, w])
-    step = gc.compile([loss, *grads])
+    return [loss, *gc.grad(loss, [x, b, w])]
 
-    def numpy_step(x, b, w):
-        t = x + b
-        r = np.where(t > 0, t, 0.0)
-        dx = np.where(t > 0, w, 0.0)
-        return [np.sum(r * w), dx, dx.sum(0), r.sum(0)]
 
-    return step, numpy_step
+def numpy_bias_step(x, b, w):
+    t = x + b
+    r = np.where(t > 0, t, 0.0)
+    dx = np.where(t > 0, w, 0.0)
+    return [np.sum(r * w), dx, dx.sum(0), r.sum(0)]
+
+
+@pytest.fixture(scope="module")
+def bias_step():
+    """The bias step compiled, and a numpy version of it."""
+    return gc.compile(bias_outputs()), numpy_bias_step
 
 
 def _feeds(rng):
@@ -55,20 +58,12 @@ def test_a_pass_list_without_fuse_is_fused_after_its_own_passes(passes, rng):
     from passes.pipeline import CSE, UNFUSED_PIPELINE
 
     chosen = UNFUSED_PIPELINE if passes == "unfused" else [CSE]
-    with gc.Graph("bias"):
-        x = gc.input("x", (6, 5), "float64")
-        b, w = gc.param("b", (5,), "float64"), gc.param("w", (5,), "float64")
-        loss = gc.sum(gc.relu(x + b) * w)
-        grads = gc.grad(loss, [x, b, w])
-    step = gc.compile([loss, *grads], passes=chosen)
+    step = gc.compile(bias_outputs(), passes=chosen)
     names = [s.name for s in step.context.stats]
     assert names[:len(chosen)] == [p.name for p in chosen] and names[-2:] == ["fuse", "memory"]
     assert step.memory.order == step.plan.groups
     feeds = _feeds(rng)
-    t = feeds["x"] + feeds["b"]
-    dx = np.where(t > 0, feeds["w"], 0.0)
-    want = [np.sum(np.maximum(t, 0) * feeds["w"]), dx, dx.sum(0), np.maximum(t, 0).sum(0)]
-    for got, expected in zip(step(**feeds), want):
+    for got, expected in zip(step(**feeds), numpy_bias_step(**feeds)):
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import captured_values
+from helpers import captured_values, mlp_step
 
 import gradcompiler as gc
 from gradcompiler.errors import GraphError
@@ -148,32 +148,17 @@ def test_a_plan_must_cover_the_graph():
         plan_memory(g, FusionPlan([FusionGroup("k0", "source", (x.id,), (x.id,), ())]))
 
 
-def mlp_graph():
-    """x (8,12) → relu → relu → 4 classes, cross-entropy with int labels, gradients of every
-    parameter: the graph, [loss, *grads] and the two relu outputs."""
-    with gc.Graph() as g:
-        x = gc.input("x", (8, 12), "float64")
-        labels = gc.input("labels", (8,), "int32")
-        params = [gc.param("W1", (12, 16), "float64"), gc.param("b1", (16,), "float64"),
-                  gc.param("W2", (16, 16), "float64"), gc.param("b2", (16,), "float64"),
-                  gc.param("W3", (16, 4), "float64"), gc.param("b3", (4,), "float64")]
-        w1, b1, w2, b2, w3, b3 = params
-        h1 = gc.relu(x @ w1 + b1)
-        h2 = gc.relu(h1 @ w2 + b2)
-        loss = gc.cross_entropy(h2 @ w3 + b3, labels)
-    return g, [loss, *gc.grad(loss, params)], (h1, h2)
-
-
 @pytest.fixture
-def mlp_step():
-    """The mlp step optimised op by op (no fusion)."""
-    g, outputs, relus = mlp_graph()
-    opt, ctx = optimize(g, [t.id for t in outputs], passes=UNFUSED_PIPELINE, debug=True)
-    return opt, ctx, relus
+def unfused_mlp():
+    """x (8,12) → relu → relu → 4 classes, cross-entropy, gradients of every parameter,
+    optimised op by op (no fusion)."""
+    step = mlp_step()
+    opt, ctx = optimize(step.graph, [t.id for t in step.outputs], passes=UNFUSED_PIPELINE, debug=True)
+    return opt, ctx, step.hidden
 
 
-def test_mlp_captures_are_the_activations_the_softmax_and_one_vector(mlp_step):
-    opt, ctx, (h1, h2) = mlp_step
+def test_mlp_captures_are_the_activations_the_softmax_and_one_vector(unfused_mlp):
+    opt, ctx, (h1, h2) = unfused_mlp
     captures = {c[0]: c for c in ctx.memory.captures}
     assert {h1.id, h2.id} <= set(captures)
     assert captures[h1.id][1:] == ((8, 16), np.dtype("float64"), 8 * 16 * F64)
@@ -184,8 +169,8 @@ def test_mlp_captures_are_the_activations_the_softmax_and_one_vector(mlp_step):
     assert all(opt[c[0]].role == "forward" for c in ctx.memory.captures)
 
 
-def test_mlp_plan_never_shares_a_buffer_between_live_values(mlp_step):
-    opt, ctx, _ = mlp_step
+def test_mlp_plan_never_shares_a_buffer_between_live_values(unfused_mlp):
+    opt, ctx, _ = unfused_mlp
     plan = ctx.memory
     by_buffer: dict[int, list[int]] = {}
     for n in plan.lifetimes:
@@ -239,8 +224,9 @@ def test_fusion_brings_the_attention_peak_below_the_unfused_peak():
 
 
 def test_fused_mlp_keeps_only_the_relu_outputs_across_kernels():
-    g, outputs, (h1, h2) = mlp_graph()
-    opt, ctx = optimize(g, [t.id for t in outputs], debug=True)
+    step = mlp_step()
+    h1, h2 = step.hidden
+    opt, ctx = optimize(step.graph, [t.id for t in step.outputs], debug=True)
     # What the backward reads of the forward: the relu outputs, the softmax's exp (8,4) and
     # at most one batch-sized vector (its row sums) ...
     read = {i: opt[i].type.shape for i in captured_values(opt)}

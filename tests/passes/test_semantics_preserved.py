@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
+from helpers import mlp_step
 
 import gradcompiler as gc
 from gradcompiler.ops.linalg import BatchedMatrixMul, MatrixMul
@@ -145,22 +146,9 @@ def test_random_graphs_keep_their_values(data):
 # -- the MLP training step ----------------------------------------------------------------------
 
 
-def _mlp_step():
-    with gc.Graph() as g:
-        x = gc.input("x", (8, 12), "float64")
-        labels = gc.input("labels", (8,), "int32")
-        params = [gc.param("W1", (12, 16), "float64"), gc.param("b1", (16,), "float64"),
-                  gc.param("W2", (16, 16), "float64"), gc.param("b2", (16,), "float64"),
-                  gc.param("W3", (16, 4), "float64"), gc.param("b3", (4,), "float64")]
-        w1, b1, w2, b2, w3, b3 = params
-        h = gc.relu(x @ w1 + b1)
-        h = gc.relu(h @ w2 + b2)
-        loss = gc.cross_entropy(h @ w3 + b3, labels)
-    return g, [loss, *gc.grad(loss, params)]
-
-
 def test_mlp_step_keeps_its_values_and_folds_transposes(rng):
-    g, outputs = _mlp_step()
+    step = mlp_step()
+    g, outputs = step.graph, step.outputs
     feeds = {n.op.feed_name: rng.standard_normal(n.type.shape) for n in g.feeds() if n.type.dtype.kind == "f"}
     feeds["labels"] = rng.integers(0, 4, size=8).astype(np.int32)
     opt, ctx = assert_same_outputs(g, [t.id for t in outputs], feeds)
@@ -169,7 +157,7 @@ def test_mlp_step_keeps_its_values_and_folds_transposes(rng):
             assert not any(isinstance(opt[i].op, Transpose) for i in node.inputs), str(node)
     assert len(opt) < len(g)
     # and the step computes what numpy says it should: the loss at least
-    w1, b1, w2, b2, w3, b3 = (feeds[k] for k in ("W1", "b1", "W2", "b2", "W3", "b3"))
+    w1, b1, w2, b2, w3, b3 = (feeds[k] for k in ("w1", "b1", "w2", "b2", "w3", "b3"))
     h = np.maximum(np.maximum(feeds["x"] @ w1 + b1, 0) @ w2 + b2, 0)
     logits = h @ w3 + b3
     shifted = logits - logits.max(1, keepdims=True)
