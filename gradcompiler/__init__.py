@@ -5,7 +5,15 @@ gradient rule table, optimise and fuse it, and run it through Numba on CPU
 or CUDA. See README.md for the tour.
 """
 
-from . import errors  # noqa: F401
+import os
+
+# Numba's OpenMP threads must wait passively between kernels (why: see
+# gradcompiler/backends/numba_cpu/__init__.py). OpenMP reads this once, when the
+# first parallel loop of the process starts its pool, so it is set on import,
+# before any Numba code (ours, or a user's) can start that pool.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from . import errors  # noqa: E402,F401
 from .errors import (  # noqa: F401
     BackendUnavailableError,
     DTypeError,

@@ -14,7 +14,8 @@ a megabyte of float32, a few tens of microseconds of work), waking threads
 costs more than it saves (and a serial kernel compiles faster).
 
 Threads wait passively between kernels (`OMP_WAIT_POLICY=PASSIVE`, unless
-the environment says otherwise, set before Numba starts its OpenMP pool): a
+the environment says otherwise; `gradcompiler/__init__.py` sets it on import,
+before Numba can start its OpenMP pool): a
 step alternates our parallel loops with BLAS calls, and OpenMP threads that
 spin after a loop take the cores from the BLAS threads, and the other way
 round. On a busy 2-core machine that made the mlp step 25× slower; on an
@@ -23,7 +24,6 @@ idle one passive waiting costs nothing measurable.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -37,8 +37,6 @@ from ...progress import compile_progress
 from . import cache
 from .codegen import KernelSource, generate
 from .runtime import BoundKernel, Runner
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 PARALLEL_MIN_POINTS = 1 << 18
 """Smallest iteration domain (points) a kernel is parallelised over."""
