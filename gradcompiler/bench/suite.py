@@ -266,9 +266,8 @@ def run_suite(workloads: Sequence[str] | None = None, target: str = "cpu", quick
     peer_list = peer_registry.available_peers(peers if peers is not None else peer_registry.PEER_NAMES)
     limits = machine.measure(quick=quick).as_dict()
     _log(log, f"machine: {limits['bandwidth_gb_s']:.1f} GB/s, {limits['sgemm_gflop_s']:.1f} GFLOP/s SGEMM")
-    # Every compiled step is timed before any peer runs: PyTorch brings its own OpenMP
-    # runtime, and once it is loaded Numba's OpenMP threads share the cores with its pool
-    # (the attention step went from 8.8 to 20 ms here). Peers then run in turn.
+    # Every compiled step is timed before any peer runs, so no peer's thread pool
+    # (PyTorch's OpenMP, XLA's) is alive while ours are timed. Peers then run in turn.
     entries = [measure_workload(n, target, size, steps, warmup, limits, log) for n in names]
     for entry in entries:
         measure_peers(entry, target, peer_list, steps, warmup, first_call, log)
