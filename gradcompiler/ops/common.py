@@ -1,11 +1,12 @@
-"""Shape helpers shared by the op families: broadcasting and axis normalisation.
+"""Helpers shared by the op families: broadcasting, axis normalisation, dtype
+checks, and the fresh-copy identity behaviour two ops share.
 
 Each helper takes the op so that the error it raises names it.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
@@ -87,3 +88,23 @@ def check_shape_tuple(op: Op, shape: Sequence[int], what: str = "shape") -> tupl
     if any(d < 0 for d in dims):
         raise ShapeError(f"{what} {dims} has a negative size", op=op.label)
     return dims
+
+
+class FreshCopyIdentity:
+    """Mixin for identity ops whose output is a new buffer equal to the input.
+
+    StopGradient and FastpathCopy compute the same value and differ only in
+    what later passes do with them (differentiation vs. memory planning), so
+    their shape rule and reference live here once. It is a mixin rather than
+    an Op subclass so that `all_op_classes()` does not list it as an op:
+    list it before `Op` in the bases, e.g. `class StopGradient(FreshCopyIdentity, Op)`.
+    """
+
+    kind: ClassVar[str] = "elementwise"
+    arity: ClassVar[int | None] = 1
+
+    def infer(self, x: TensorType) -> TensorType:
+        return x
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        return x.copy()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import Op, TensorType
-from .common import check_shape_tuple, normalize_axis, same_dtype
+from .common import FreshCopyIdentity, check_shape_tuple, normalize_axis, same_dtype
 
 
 @dataclass(frozen=True)
@@ -162,17 +162,8 @@ class Concat(Op):
 
 
 @dataclass(frozen=True)
-class FastpathCopy(Op):
+class FastpathCopy(FreshCopyIdentity, Op):
     """Identity that yields a fresh value (op-reference §1.6)."""
-
-    kind = "elementwise"
-    arity = 1
-
-    def infer(self, x: TensorType) -> TensorType:
-        return x
-
-    def reference(self, x):
-        return x.copy()
 
 
 def _check_factor(op: Op, factor: int) -> None:
