@@ -171,6 +171,21 @@ def _check_factor(op: Op, factor: int) -> None:
         raise op.shape_error(f"factor must be a positive int, got {factor!r}")
 
 
+def _regroup_pixel_blocks(x: np.ndarray, split: tuple[int, ...], perm: tuple[int, ...],
+                          out_chw: tuple[int, int, int]) -> np.ndarray:
+    """Split (…, C, H, W) into `split` (after one flattened batch axis), permute by `perm`,
+    and join into (…, *out_chw).
+
+    PixelShuffle and its inverse are the same reshape-transpose-reshape with
+    the block axes moved in opposite directions; only the split and the
+    permutation differ, so both references go through here.
+    """
+    lead = x.shape[:-3]
+    batch = int(np.prod(lead, dtype=np.int64))
+    y = x.reshape(batch, *split).transpose(perm)
+    return np.ascontiguousarray(y).reshape(*lead, *out_chw)
+
+
 @dataclass(frozen=True)
 class PixelShuffle(Op):
     """(…, C·r², H, W) → (…, C, H·r, W·r), PyTorch's channel order (§4.4)."""
@@ -190,10 +205,9 @@ class PixelShuffle(Op):
 
     def reference(self, x):
         r = self.factor
-        *lead, c, h, w = x.shape
-        b = int(np.prod(lead, dtype=np.int64))
-        y = x.reshape(b, c // (r * r), r, r, h, w).transpose(0, 1, 4, 2, 5, 3)
-        return np.ascontiguousarray(y).reshape(*lead, c // (r * r), h * r, w * r)
+        *_, c, h, w = x.shape
+        return _regroup_pixel_blocks(x, (c // (r * r), r, r, h, w), (0, 1, 4, 2, 5, 3),
+                                     (c // (r * r), h * r, w * r))
 
 
 @dataclass(frozen=True)
@@ -215,7 +229,6 @@ class PixelShuffleBackward(Op):
 
     def reference(self, x):
         r = self.factor
-        *lead, c, h, w = x.shape
-        b = int(np.prod(lead, dtype=np.int64))
-        y = x.reshape(b, c, h // r, r, w // r, r).transpose(0, 1, 3, 5, 2, 4)
-        return np.ascontiguousarray(y).reshape(*lead, c * r * r, h // r, w // r)
+        *_, c, h, w = x.shape
+        return _regroup_pixel_blocks(x, (c, h // r, r, w // r, r), (0, 1, 3, 5, 2, 4),
+                                     (c * r * r, h // r, w // r))
