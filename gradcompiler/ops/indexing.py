@@ -26,7 +26,7 @@ self-describing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
@@ -245,17 +245,26 @@ class IndexingMultiAxisVec(Op):
         return np.array(x[_advanced_index(self, x.shape, indices)])
 
 
-@dataclass(frozen=True)
-class IndexingIncrMultiAxisVec(Op):
-    """`out = copy(data); out[region] += value`; duplicate positions accumulate (np.add.at) (§7.3)."""
+class _AdvancedScatterShape:
+    """Shape rule of the two advanced-indexing scatters (inputs data, value, *indices).
 
-    items: tuple[SliceItem | TensorItem, ...]
+    Incr and Set write into the same region and differ only in how they
+    combine values, so their build-time check lives here once; a mixin, not an
+    Op, so `all_op_classes()` does not list it. Subclasses declare `items`.
+    """
 
-    kind = "scatter"
+    kind: ClassVar[str] = "scatter"
 
     def infer(self, data: TensorType, value: TensorType, *indices: TensorType) -> TensorType:
         _check_value(self, data, value, IndexingMultiAxisVec(self.items).infer(data, *indices))
         return data
+
+
+@dataclass(frozen=True)
+class IndexingIncrMultiAxisVec(_AdvancedScatterShape, Op):
+    """`out = copy(data); out[region] += value`; duplicate positions accumulate (np.add.at) (§7.3)."""
+
+    items: tuple[SliceItem | TensorItem, ...]
 
     def reference(self, data, value, *indices):
         out = data.copy()
@@ -264,7 +273,7 @@ class IndexingIncrMultiAxisVec(Op):
 
 
 @dataclass(frozen=True)
-class IndexingSetMultiAxisVec(Op):
+class IndexingSetMultiAxisVec(_AdvancedScatterShape, Op):
     """`out = copy(data); out[region] = value` (§7.3).
 
     Where several value elements land on one position, the last one in the
@@ -272,12 +281,6 @@ class IndexingSetMultiAxisVec(Op):
     """
 
     items: tuple[SliceItem | TensorItem, ...]
-
-    kind = "scatter"
-
-    def infer(self, data: TensorType, value: TensorType, *indices: TensorType) -> TensorType:
-        _check_value(self, data, value, IndexingMultiAxisVec(self.items).infer(data, *indices))
-        return data
 
     def reference(self, data, value, *indices):
         positions = scatter_positions(self, data.shape, indices)
