@@ -48,12 +48,11 @@ import numpy as np
 from ...cones import domain_index
 from ...index_expr import Index, ravel, substitute
 from ...kernel import Compute, Instr, Load, LoopKernel, Phase, Reduction, RowValue
-from .scalar_ops import literal, scalar_expr
+from .scalar_ops import literal, reduction_identity, scalar_expr
 
 ROW_SPLIT = 1024
 """Row length a long rank-1 kernel is split into (`split_long_vector`)."""
 
-_INIT = {"SUM": 0, "PRODUCT": 1}
 _COMBINE = {
     "SUM": "{a} + {b}",
     "PRODUCT": "{a} * {b}",
@@ -77,16 +76,6 @@ def _at(array: str, flat: str) -> str:
     and an unsigned one spares Numba's negative-index wraparound, which would stop
     LLVM from vectorising the loop."""
     return f"{array}[np.uint64({flat})]"
-
-
-def init_value(mode: str, dtype: np.dtype) -> str:
-    dtype = np.dtype(dtype)
-    if mode in _INIT:
-        return literal(_INIT[mode], dtype)
-    if dtype.kind == "f":
-        return literal(-np.inf if mode == "MAX" else np.inf, dtype)
-    info = np.iinfo(dtype)
-    return literal(info.min if mode == "MAX" else info.max, dtype)
 
 
 @dataclass
@@ -254,15 +243,15 @@ class _Writer:
         if level == 0:
             for plan in mine:
                 if plan.combine and not plan.cross:
-                    self._row_slice_loop(depth, plan, "{t} = " + init_value(plan.red.mode, plan.dtype))
+                    self._row_slice_loop(depth, plan, "{t} = " + reduction_identity(plan.red.mode, plan.dtype))
         for plan in mine:
             if plan.register_level == level + 1:
-                self.emit(depth, f"a{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
+                self.emit(depth, f"a{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")
         if level < self.rank - 1:
             inner = level + 1
             for plan in mine:
                 if plan.row == "register" and plan.value_level == level:
-                    self.emit(depth, f"s{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
+                    self.emit(depth, f"s{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")
             self.emit(depth, f"for i{inner} in range({self.kernel.domain[inner]}):")
             self._phase_level(depth + 1, p, inner)
             for plan in mine:
@@ -271,7 +260,7 @@ class _Writer:
                         w = self.kernel.domain[-1]
                         helper = _ROW_HELPER[plan.red.mode]
                         self.helpers.add(helper)
-                        init = init_value(plan.red.mode, plan.dtype)
+                        init = reduction_identity(plan.red.mode, plan.dtype)
                         self.emit(depth, f"s{plan.index} = {helper}(w{plan.index}, c * {w}, {w}, {init})")
                     self._update(depth, plan, f"s{plan.index}")
             for plan in mine:
@@ -324,9 +313,9 @@ class _Writer:
                 size = self._kept_size(plan)
                 self.emit(1, f"for t{plan.index} in range({size}):")
                 self.emit(2, f"{_at(f'q{plan.index}', f'c * {size} + t{plan.index}')} = "
-                             f"{init_value(plan.red.mode, plan.dtype)}")
+                             f"{reduction_identity(plan.red.mode, plan.dtype)}")
             if plan.register_level == 0:
-                self.emit(1, f"a{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
+                self.emit(1, f"a{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")
         self.emit(1, "for i0 in range(lo, hi):")
         for p in range(len(self.kernel.phases)):
             self._phase_level(2, p, 0)

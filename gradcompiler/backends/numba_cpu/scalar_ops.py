@@ -47,6 +47,23 @@ def literal(value: float | int, dtype: np.dtype) -> str:
     return f"{numba_type_name(dtype)}({int(value)!r})"
 
 
+def reduction_identity(mode: str, dtype: np.dtype) -> str:
+    """The typed literal a `mode` reduction starts from (0, 1, or the dtype's extreme).
+
+    The CPU and CUDA code generators both seed accumulators with it, so the
+    two backends cannot disagree on a reduction's starting value.
+    """
+    dtype = np.dtype(dtype)
+    if mode == "SUM":
+        return literal(0, dtype)
+    if mode == "PRODUCT":
+        return literal(1, dtype)
+    if dtype.kind == "f":
+        return literal(-np.inf if mode == "MAX" else np.inf, dtype)
+    info = np.iinfo(dtype)
+    return literal(info.min if mode == "MAX" else info.max, dtype)
+
+
 def math_suffix(dtype: np.dtype) -> str:
     return {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}[np.dtype(dtype)]
 

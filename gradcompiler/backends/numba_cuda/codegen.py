@@ -52,7 +52,7 @@ import numpy as np
 from ...cones import domain_index
 from ...index_expr import Index, ravel
 from ...kernel import Compute, Load, LoopKernel, Reduction, RowValue
-from ..numba_cpu.scalar_ops import literal, numba_type_name, scalar_expr
+from ..numba_cpu.scalar_ops import literal, numba_type_name, reduction_identity, scalar_expr
 from .device import SHUFFLE_DTYPES
 
 _COMBINE = {
@@ -94,18 +94,6 @@ class CudaKernelSource:
             return 1
         work = kernel.domain[0] if self.layout == "rows" else -(-kernel.size // self.block)
         return max(1, min(max_blocks, work))
-
-
-def init_value(mode: str, dtype: np.dtype) -> str:
-    dtype = np.dtype(dtype)
-    if mode == "SUM":
-        return literal(0, dtype)
-    if mode == "PRODUCT":
-        return literal(1, dtype)
-    if dtype.kind == "f":
-        return literal(-np.inf if mode == "MAX" else np.inf, dtype)
-    info = np.iinfo(dtype)
-    return literal(info.min if mode == "MAX" else info.max, dtype)
 
 
 @dataclass
@@ -256,7 +244,7 @@ class _Writer:
 
     def _flat(self) -> None:
         for plan in self.plans:
-            self.emit(1, f"c{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
+            self.emit(1, f"c{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")
         self.emit(1, f"for e in range(cuda.grid(1), {self.kernel.size}, cuda.gridsize(1)):")
         self._unravel(2, "e", tuple(range(self.rank)))
         self._instrs(2, 0)
@@ -277,11 +265,11 @@ class _Writer:
     def _rows(self) -> None:
         for plan in self.plans:
             if plan.crosses and plan.way == "tree":
-                self.emit(1, f"c{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
+                self.emit(1, f"c{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")
             elif plan.crosses:
                 size = self._size(tuple(k for k in plan.kept if k != 0))
                 self.emit(1, f"for e in range(t, {size}, {self.block}):")
-                self.emit(2, f"q{plan.index}[slot * {size} + e] = {init_value(plan.red.mode, plan.dtype)}")
+                self.emit(2, f"q{plan.index}[slot * {size} + e] = {reduction_identity(plan.red.mode, plan.dtype)}")
         self.emit(1, "cuda.syncthreads()")
         self.emit(1, f"for i0 in range(cuda.blockIdx.x, {self.kernel.domain[0]}, cuda.gridDim.x):")
         for p in range(len(self.kernel.phases)):
@@ -295,17 +283,17 @@ class _Writer:
         parallel = tuple(k for k in range(1, self.rank) if k not in serial)
         rmw = [plan for plan in mine if plan.way == "rmw" and not plan.crosses]
         for plan in rmw:  # row i0's slice of the target starts at the identity
-            self._row_slice(depth, plan, "{t} = " + init_value(plan.red.mode, plan.dtype))
+            self._row_slice(depth, plan, "{t} = " + reduction_identity(plan.red.mode, plan.dtype))
         if rmw:
             self.emit(depth, "cuda.syncthreads()")
         for plan in mine:
             if plan.way == "tree" and not plan.crosses:
-                self.emit(depth, f"a{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
+                self.emit(depth, f"a{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")
         self.emit(depth, f"for par in range(t, {self._size(parallel)}, {self.block}):")
         self._unravel(depth + 1, "par", parallel)
         owned = [plan for plan in mine if plan.way == "owned"]
         for plan in owned:
-            self.emit(depth + 1, f"a{plan.index} = {init_value(plan.red.mode, plan.dtype)}")
+            self.emit(depth + 1, f"a{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")
         body = depth + 1
         if serial:
             self.emit(body, f"for ser in range({self._size(serial)}):")
