@@ -287,8 +287,12 @@ class WarpAffine(_WarpChecks, Op):
         return warp_forward(self, src, _homogeneous(mat), None, self.out_shape)
 
 
-def _split_backward_inputs(inputs: tuple, with_src: bool):
-    """(src?, mat, mat_idx or None, g) from a backward op's 2-4 inputs."""
+def split_backward_inputs(inputs: tuple, with_src: bool) -> tuple:
+    """(src?, mat, mat_idx or None, g) from a backward op's 2-4 inputs.
+
+    mat_idx is optional in the middle of the input list; the references and
+    both backends' kernels unpack it here so they agree on the order.
+    """
     lead = 2 if with_src else 1
     if len(inputs) == lead + 2:
         return inputs[: lead] + (inputs[lead], inputs[lead + 1])
@@ -313,7 +317,7 @@ class WarpPerspectiveBackwardData(_WarpChecks, Op):
 
     def infer(self, *inputs: TensorType) -> TensorType:
         self.check_params()
-        mat, mat_idx, g = _split_backward_inputs(inputs, with_src=False)
+        mat, mat_idx, g = split_backward_inputs(inputs, with_src=False)
         n, gc, _, _ = self.check_image(g, "g")
         if not _are_dims(self.src_shape, 4, 0):
             raise self.shape_error(
@@ -328,7 +332,7 @@ class WarpPerspectiveBackwardData(_WarpChecks, Op):
         return TensorType(self.src_shape, dtype)
 
     def reference(self, *arrays):
-        mat, mat_idx, g = _split_backward_inputs(arrays, with_src=False)
+        mat, mat_idx, g = split_backward_inputs(arrays, with_src=False)
         g_hwc = _channels_last(g, self.format)
         n_src, c, ih, iw = _image_dims(self.format, self.src_shape)
         image = np.broadcast_to(_image_index(self, mat_idx, mat.shape[0], n_src), g_hwc.shape[:3])
@@ -354,7 +358,7 @@ class WarpPerspectiveBackwardMat(_WarpChecks, Op):
 
     def infer(self, *inputs: TensorType) -> TensorType:
         self.check_params()
-        src, mat, mat_idx, g = _split_backward_inputs(inputs, with_src=True)
+        src, mat, mat_idx, g = split_backward_inputs(inputs, with_src=True)
         n_src, c, _, _ = self.check_image(src, "src")
         dtype = same_dtype(self, src, mat, g)
         n = self.check_mat(mat, 3)
@@ -366,7 +370,7 @@ class WarpPerspectiveBackwardMat(_WarpChecks, Op):
         return TensorType((n, 3, 3), dtype)
 
     def reference(self, *arrays):
-        src, mat, mat_idx, g = _split_backward_inputs(arrays, with_src=True)
+        src, mat, mat_idx, g = split_backward_inputs(arrays, with_src=True)
         src_hwc, g_hwc = _channels_last(src, self.format), _channels_last(g, self.format)
         image = _image_index(self, mat_idx, mat.shape[0], src.shape[0])
         s = _sample(mat, src_hwc.shape[1:3], g_hwc.shape[1:3], self.border_mode)

@@ -37,6 +37,7 @@ from ...ops.vision import (
     WarpPerspective,
     WarpPerspectiveBackwardData,
     WarpPerspectiveBackwardMat,
+    split_backward_inputs,
 )
 from .library import LibraryKernel, ParallelLoop, index_error, library_kernel
 
@@ -296,17 +297,10 @@ def _warp_affine(op: WarpAffine) -> LibraryKernel:
     return warp_affine
 
 
-def _split(inputs: tuple, lead: int) -> tuple:
-    """(leading inputs..., mat_idx or None, g) of a backward op's inputs."""
-    if len(inputs) == lead + 2:
-        return inputs
-    return (*inputs[:lead], None, inputs[lead])
-
-
 @library_kernel.register
 def _warp_backward_data(op: WarpPerspectiveBackwardData) -> LibraryKernel:
     def warp_backward_data(*inputs, out):
-        mat, mat_idx, g = _split(inputs, 1)
+        mat, mat_idx, g = split_backward_inputs(inputs, with_src=False)
         images = _images(op, mat_idx, mat.shape[0], out.shape[0])
         order = np.argsort(images, kind="stable")             # matrices grouped by source image
         starts = np.searchsorted(images[order], np.arange(out.shape[0] + 1))
@@ -321,7 +315,7 @@ def _warp_backward_data(op: WarpPerspectiveBackwardData) -> LibraryKernel:
 @library_kernel.register
 def _warp_backward_mat(op: WarpPerspectiveBackwardMat) -> LibraryKernel:
     def warp_backward_mat(*inputs, out):
-        src, mat, mat_idx, g = _split(inputs, 2)
+        src, mat, mat_idx, g = split_backward_inputs(inputs, with_src=True)
         images = _images(op, mat_idx, mat.shape[0], src.shape[0])
         upstream = _image(op.format, g)
         _backward_mat_loop(g.size, _image(op.format, src), _rows(mat), images, _coords(upstream, mat.dtype),

@@ -25,7 +25,7 @@ from numba import cuda, from_dtype
 
 from ...ir import Op, TensorType
 from ...ops.vision import (BORDER_MODES, _image_dims as image_dims, WarpAffine, WarpPerspective, WarpPerspectiveBackwardData,
-                           WarpPerspectiveBackwardMat)
+                           WarpPerspectiveBackwardMat, split_backward_inputs)
 from .device import IndexSpec, LaunchConfig, checked_indices, device_constant, fill, to_device
 from .library import Launcher, cuda_library_kernel
 
@@ -263,7 +263,7 @@ class _BackwardData(_Warp):
         self.pixels = n * out_h * out_w
 
     def __call__(self, *inputs: Any, out: Any, stream: Any = 0) -> None:
-        mat, mat_idx, g = inputs if len(inputs) == 3 else (inputs[0], None, inputs[1])
+        mat, mat_idx, g = split_backward_inputs(inputs, with_src=False)
         image = self.images(mat_idx, stream)
         fill(out, 0, self.config, stream)
         if self.pixels:
@@ -281,7 +281,7 @@ class _BackwardMat(_Warp):
         self.partials_shape = (mat.shape[0], per_image, 9)
 
     def __call__(self, *inputs: Any, out: Any, stream: Any = 0) -> None:
-        src, mat, mat_idx, g = inputs if len(inputs) == 4 else (*inputs[:2], None, inputs[2])
+        src, mat, mat_idx, g = split_backward_inputs(inputs, with_src=True)
         image = self.images(mat_idx, stream)
         if not self.n_mat:
             return
