@@ -178,7 +178,8 @@ def to_operands(operands: Sequence[Any]) -> list[Tensor]:
         elif isinstance(value, (np.ndarray, list, tuple, bool, int, float, np.number)):
             result.append(constant(value, None, graph))
         else:
-            raise TypeError(f"cannot use {type(value).__name__} as a tensor operand")
+            raise DTypeError(f"cannot use a {type(value).__name__} ({value!r:.40}) as a tensor operand",
+                             site=call_site())
     return result
 
 

@@ -1,4 +1,5 @@
-"""One feed dict serves every output of a graph; unknown names stay errors."""
+"""One feed dict serves every output of a graph; unknown feed names and non-numeric
+operands are clear errors."""
 
 import numpy as np
 import pytest
@@ -17,3 +18,13 @@ def test_feeds_of_the_graph_that_an_output_does_not_read_are_ignored():
     assert labels.shape == (2,)
     with pytest.raises(FeedError, match=r"unexpected feed\(s\) \['lables'\]"):
         gc.evaluate(doubled, {"x": feeds["x"], "lables": feeds["labels"]})
+
+
+def test_a_non_numeric_operand_names_the_users_line():
+    with gc.Graph("g"):
+        x = gc.input("x", (2,))
+        line = __import__("inspect").currentframe().f_lineno + 2
+        with pytest.raises(gc.DTypeError, match=r"cannot use a str \('abc'\) as a tensor operand") as err:
+            x + "abc"
+    assert f"{__file__}:{line}" in str(err.value)
+    assert isinstance(err.value, TypeError)
