@@ -34,6 +34,8 @@ class Program:
             try:
                 self.step = gc.compile(outputs, target=target)
             except BackendUnavailableError as err:
+                # only outside `make test` (which sets NUMBA_ENABLE_CUDASIM=1) on a machine
+                # without a GPU: the CUDA rows have nothing to run on there
                 pytest.skip(f"{target}: {err}")
 
     def __call__(self, **feeds):
