@@ -99,10 +99,28 @@ class _LoopEmitter(ConeWalker[int]):
     # -- parameters -----------------------------------------------------------------------
     def _param(self, key: tuple, role: str, dtype: np.dtype, size: int, buffer: int | None) -> int:
         if key not in self.param_of:
-            self.param_of[key] = len(self.params)
-            self.params.append(BufferParam(role, np.dtype(dtype), int(size)))
-            self.args.append(buffer)
+            shared = self._param_of_buffer(role, np.dtype(dtype), int(size), buffer)
+            if shared is not None:
+                # an output updating its input in place: one parameter, read and written,
+                # so LLVM sees one pointer; two parameters holding the same array fail the
+                # vectoriser's run-time overlap check and the loop runs scalar (4x slower)
+                self.param_of[key] = shared
+                if role == "out":
+                    self.params[shared] = BufferParam("out", np.dtype(dtype), int(size))
+            else:
+                self.param_of[key] = len(self.params)
+                self.params.append(BufferParam(role, np.dtype(dtype), int(size)))
+                self.args.append(buffer)
         return self.param_of[key]
+
+    def _param_of_buffer(self, role: str, dtype: np.dtype, size: int, buffer: int | None) -> int | None:
+        """The in/out parameter already bound to `buffer` with the same type, if any."""
+        if buffer is None or role not in ("in", "out"):
+            return None
+        for index, (param, arg) in enumerate(zip(self.params, self.args)):
+            if arg == buffer and param.role in ("in", "out") and param.dtype == dtype and param.size == size:
+                return index
+        return None
 
     def _node_param(self, node: Node, role: str) -> int:
         if role == "row":
