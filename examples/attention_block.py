@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 import gradcompiler as gc
+from distill import distill
 
 NAMES = ("wq", "wk", "wv")
 
@@ -53,17 +54,8 @@ def main(steps: int = 300, batch: int = 16, seq: int = 32, dim: int = 16, lr: fl
     teacher = [(rng.standard_normal((dim, dim)) / math.sqrt(dim)).astype(np.float32) for _ in NAMES]
     student = {name: (0.1 * rng.standard_normal((dim, dim)) / math.sqrt(dim)).astype(np.float32)
                for name in NAMES}
-    history = []
-    for i in range(steps):
-        x = rng.standard_normal((batch, seq, dim)).astype(np.float32)
-        target = attention_numpy(x, *teacher).astype(np.float32)
-        loss_value, *grad_values = step(x=x, target=target, **student)
-        for name, g in zip(NAMES, grad_values):
-            student[name] -= lr * g
-        history.append(float(loss_value))
-        if verbose and (i % max(1, steps // 10) == 0 or i == steps - 1):
-            print(f"step {i:4d}  mse {history[-1]:.5f}")
-    return dict(losses=history)
+    return distill(step, student, NAMES, lambda: rng.standard_normal((batch, seq, dim)).astype(np.float32),
+                   lambda x: attention_numpy(x, *teacher), steps, lr, verbose)
 
 
 if __name__ == "__main__":

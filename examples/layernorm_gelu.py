@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 import gradcompiler as gc
+from distill import distill
 
 NAMES = ("gamma", "beta", "w1", "w2")
 
@@ -57,17 +58,8 @@ def main(steps: int = 300, rows: int = 256, dim: int = 32, hidden: int = 64, lr:
     step = gc.compile([loss, *grads], target="cpu")
     teacher = init(rng, dim, hidden, scale=1.0)
     student = init(rng, dim, hidden, scale=0.1)
-    history = []
-    for i in range(steps):
-        x = rng.standard_normal((rows, dim)).astype(np.float32)
-        target = block_numpy(x, **teacher).astype(np.float32)
-        loss_value, *grad_values = step(x=x, target=target, **student)
-        for name, g in zip(NAMES, grad_values):
-            student[name] -= lr * g
-        history.append(float(loss_value))
-        if verbose and (i % max(1, steps // 10) == 0 or i == steps - 1):
-            print(f"step {i:4d}  mse {history[-1]:.5f}")
-    return dict(losses=history)
+    return distill(step, student, NAMES, lambda: rng.standard_normal((rows, dim)).astype(np.float32),
+                   lambda x: block_numpy(x, **teacher), steps, lr, verbose)
 
 
 if __name__ == "__main__":

@@ -144,7 +144,7 @@ def test_cuda_target_runs_and_matches_numpy(monkeypatch, tmp_path):
     """The CUDA path of the suite (device feeds, synchronised timing) on the GPU or Numba's simulator."""
     from numba import cuda
 
-    if not cuda.is_available():
+    if not cuda.is_available():  # only outside `make test`, which sets NUMBA_ENABLE_CUDASIM=1
         pytest.skip("no GPU and NUMBA_ENABLE_CUDASIM is not set")
     monkeypatch.setenv("GRADCOMPILER_CACHE_DIR", str(tmp_path))
     result = suite.run_suite(["bcast_reduce"], target="cuda", quick=True, steps=2, warmup=1,

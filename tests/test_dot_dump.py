@@ -142,6 +142,8 @@ def test_rendering_without_graphviz_warns_how_to_install_and_writes_dot_beside(t
     parse(beside.read_text(encoding="utf-8"))
 
 
+# Rendering needs Graphviz's `dot` program, a system package pip cannot install; the
+# no-Graphviz path (warning + .dot written beside) is tested everywhere above.
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is not installed here")
 def test_rendering_with_graphviz_accepts_strange_names(tmp_path):
     with gc.Graph("names"):
