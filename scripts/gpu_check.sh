@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # make gpu-check: on a machine with an NVIDIA GPU, run the CUDA backend's tests on the device
-# itself (not on Numba's simulator, which is what make test uses) and the benchmark suite with
-# --target cuda, and keep everything they print and write in one folder.
+# itself (not on Numba's simulator, which is what make test uses), profile a few steps' calls
+# and run the benchmark suite with --target cuda; keep everything they print and write in one
+# folder.
 #
 #   scripts/gpu_check.sh [OUT_DIR]          OUT_DIR, else $GPU_CHECK_OUT, else gpu-check-results
 #   BENCH_ARGS="--quick --no-first-call" scripts/gpu_check.sh    extra options for the suite
+#   PY=python3 scripts/gpu_check.sh         another interpreter (default .venv/bin/python, else
+#                                           python3); the checkout is put on its PYTHONPATH
+#   TEST_TIMEOUT=300 BENCH_TIMEOUT=300      seconds each part may run (default: no limit)
 #
-# Writes OUT_DIR/device.txt (the GPU found), cuda-tests.log and cuda-tests.xml (pytest, JUnit),
-# bench-cuda.log, bench-cuda.json, bench-cuda.md and bench-cuda.png. Exits 2 without a usable
-# GPU, 1 if a test or the suite failed, 0 otherwise; the suite runs even when a test failed.
+# Writes OUT_DIR/device.txt (the GPU and the versions found), cuda-tests.log and cuda-tests.xml
+# (pytest, JUnit), profile.txt (host against device time per call), bench-cuda.log,
+# bench-cuda.json, bench-cuda.md and bench-cuda.png. Exits 2 without a usable GPU, 1 if a test
+# or the suite failed, 0 otherwise; every part runs even when an earlier one failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
+if [ -z "${PY:-}" ]; then
+    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
 OUT=${1:-${GPU_CHECK_OUT:-gpu-check-results}}
 mkdir -p "$OUT"
-export NUMBA_ENABLE_CUDASIM=0 GRADCOMPILER_GPU_CHECK=1
+export NUMBA_ENABLE_CUDASIM=0 GRADCOMPILER_GPU_CHECK=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+limit() { if [ -n "$1" ]; then echo "timeout $1"; fi; }
 
 if ! "$PY" - > "$OUT/device.txt" 2>&1 <<'PYEOF'
 from gradcompiler.backends.numba_cuda import require_cuda
@@ -24,6 +33,14 @@ device = cuda.get_current_device()
 name = getattr(device, "name", "unnamed device")
 print(name.decode() if isinstance(name, bytes) else name,
       "compute capability", ".".join(map(str, device.compute_capability)))
+import importlib.metadata as metadata
+import platform
+for package in ("numpy", "numba", "numba-cuda", "llvmlite", "cuda-bindings", "torch", "jax", "cupy-cuda13x"):
+    try:
+        print(f"{package} {metadata.version(package)}")
+    except metadata.PackageNotFoundError:
+        print(f"{package} not installed")
+print("python", platform.python_version())
 PYEOF
 then
     cat "$OUT/device.txt"
@@ -33,12 +50,22 @@ fi
 echo "GPU: $(cat "$OUT/device.txt")"
 
 status=0
-"$PY" -m pytest tests/backends/test_cuda_sim_library.py tests/backends/test_cuda_sim_graphs.py -q \
+parallel=()
+if "$PY" -c "import xdist" 2>/dev/null; then parallel=(-n "${TEST_WORKERS:-8}"); fi
+# shellcheck disable=SC2046  # limit prints a command and its argument, or nothing
+$(limit "${TEST_TIMEOUT:-}") "$PY" -m pytest "${parallel[@]}" -k cuda \
+    tests/backends/test_cuda_sim_library.py tests/backends/test_cuda_sim_graphs.py \
+    tests/hardening/test_bad_feeds_runtime.py tests/hardening/test_fuzz_random_graphs.py \
+    tests/hardening/test_codegen_safety.py tests/hardening/test_debug_mode.py \
     --junitxml="$OUT/cuda-tests.xml" 2>&1 | tee "$OUT/cuda-tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-# shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-"$PY" -m gradcompiler.bench --target cuda ${BENCH_ARGS:-} --json "$OUT/bench-cuda.json" \
+# shellcheck disable=SC2046
+$(limit "${PROFILE_TIMEOUT:-}") "$PY" scripts/step_profile.py --target cuda --workload mlp \
+    --workload attention --workload layernorm_gelu > "$OUT/profile.txt" 2>&1 || status=1
+
+# shellcheck disable=SC2086,SC2046  # BENCH_ARGS is a list of options
+$(limit "${BENCH_TIMEOUT:-}") "$PY" -m gradcompiler.bench --target cuda ${BENCH_ARGS:-} --json "$OUT/bench-cuda.json" \
     --markdown "$OUT/bench-cuda.md" --plot "$OUT/bench-cuda.png" 2>&1 | tee "$OUT/bench-cuda.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 

@@ -152,3 +152,6 @@ def test_cuda_target_runs_and_matches_numpy(monkeypatch, tmp_path):
     compiled = result["workloads"][0]["compiled"]
     assert compiled["status"] == "ok", compiled.get("error")
     assert compiled["correct"] is True and _positive(compiled["median_s"])
+    # the limits are the GPU's (a CUDA triad), not the host's
+    assert result["machine"]["source"].startswith("cuda: numba triad kernel")
+    assert "gpu" in result["environment"] and result["environment"]["compute_capability"]

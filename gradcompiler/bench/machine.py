@@ -8,12 +8,18 @@ says how far a kernel is from its floor. Two numbers cover the workloads:
   counted as 3 × 4 bytes per element, best of a few repetitions;
 * SGEMM: numpy's float32 2048³ matmul, 2·n³ FLOP, best of a few repetitions.
 
+On target "cuda" the same two numbers are the GPU's: the triad as a Numba
+CUDA kernel timed with CUDA events (device memory only), and SGEMM through
+cuBLAS by way of CuPy or PyTorch where one is installed (none: the field is
+NaN and floors come from bandwidth alone). `source` says which was used.
+
 Quick mode shrinks both so that the suite's smoke test stays fast; those
 figures are not meant to be quoted.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from dataclasses import asdict, dataclass
 
@@ -24,6 +30,7 @@ FULL_STREAM_ELEMENTS = 1 << 26
 QUICK_STREAM_ELEMENTS = 1 << 20
 FULL_GEMM_N = 2048
 QUICK_GEMM_N = 256
+SIMULATOR_STREAM_ELEMENTS = 1 << 10   # the simulator's figures mean nothing; keep its probe short
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,8 @@ class MachineLimits:
     sgemm_gflop_s: float       # numpy float32 matmul, 1e9 FLOP per second
     stream_elements: int
     gemm_n: int
-    threads: int               # Numba's thread count during the triad
+    threads: int               # Numba's thread count during the triad (CPU)
+    source: str = "cpu: numba triad, numpy matmul"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -77,8 +85,76 @@ def measure_sgemm(n: int = FULL_GEMM_N, repeats: int = 5) -> float:
     return 2.0 * n * n * n / seconds / 1e9
 
 
-def measure(quick: bool = False) -> MachineLimits:
+def measure_cuda_bandwidth(elements: int = FULL_STREAM_ELEMENTS, repeats: int = 5) -> float:
+    """GB/s of the triad as a grid-stride Numba CUDA kernel, timed with CUDA events."""
+    from numba import cuda
+
+    from ..backends.numba_cuda.device import default_config
+    from .cuda_triad import triad
+
+    b = cuda.to_device(np.full(elements, 1.0, np.float32))
+    c = cuda.to_device(np.full(elements, 2.0, np.float32))
+    a = cuda.device_array(elements, np.float32)
+    config = default_config()  # tiny grids on the simulator, where each thread is a Python thread
+    blocks, threads = config.grid(elements), config.block
+    triad[blocks, threads](a, b, c, np.float32(3.0))
+    if not np.all(a.copy_to_host()[:: max(1, elements // 1024)] == 7.0):
+        raise RuntimeError("the GPU bandwidth triad computed a wrong result")
+    best = float("inf")
+    for _ in range(repeats):
+        begin, end = cuda.event(), cuda.event()
+        begin.record()
+        triad[blocks, threads](a, b, c, np.float32(3.0))
+        end.record()
+        end.synchronize()
+        best = min(best, begin.elapsed_time(end) / 1e3)
+    return 3 * 4 * elements / best / 1e9
+
+
+def measure_cuda_sgemm(n: int = FULL_GEMM_N, repeats: int = 5) -> tuple[float, str]:
+    """GFLOP/s of cuBLAS's float32 n×n×n matmul through CuPy or PyTorch (NaN without either)."""
+    def timed(matmul, synchronize) -> float:
+        matmul()
+        synchronize()
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            matmul()
+            synchronize()
+            best = min(best, time.perf_counter() - start)
+        return 2.0 * n * n * n / best / 1e9
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    if importlib.util.find_spec("cupy") is not None:
+        import cupy
+
+        da, db = cupy.asarray(a), cupy.asarray(b)
+        out = cupy.empty_like(da)
+        return timed(lambda: cupy.matmul(da, db, out=out), cupy.cuda.Device().synchronize), "cupy"
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.backends.cuda.matmul.allow_tf32 = False  # float32 as the compiled steps compute it
+            da, db = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+            out = torch.empty_like(da)
+            return timed(lambda: torch.matmul(da, db, out=out), torch.cuda.synchronize), "torch"
+    return float("nan"), "none"
+
+
+def measure(quick: bool = False, target: str = "cpu") -> MachineLimits:
     elements = QUICK_STREAM_ELEMENTS if quick else FULL_STREAM_ELEMENTS
     n = QUICK_GEMM_N if quick else FULL_GEMM_N
+    if target == "cuda":
+        from numba import cuda
+
+        from ..backends.numba_cuda import simulator_active
+
+        if simulator_active(cuda):
+            elements, n = SIMULATOR_STREAM_ELEMENTS, QUICK_GEMM_N
+        sgemm, library = measure_cuda_sgemm(n)
+        return MachineLimits(measure_cuda_bandwidth(elements), sgemm, elements, n, numba.get_num_threads(),
+                             f"cuda: numba triad kernel, cuBLAS matmul through {library}")
     return MachineLimits(measure_bandwidth(elements), measure_sgemm(n), elements, n,
                          numba.get_num_threads())

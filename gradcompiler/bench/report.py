@@ -11,10 +11,11 @@ torch_eager, torch_compile, jax_jit.
     size          "full" (benchmarks.md sizes) or "tiny"
     steps, warmup timed steps per median, untimed steps before them
     environment   python, numpy, numba, gradcompiler versions; platform, machine,
-                  cpu_count, target
+                  cpu_count, target; on cuda also gpu and compute_capability
     machine       bandwidth_gb_s (STREAM-triad-style parallel Numba loop, 1e9 B/s),
                   sgemm_gflop_s (numpy float32 matmul), stream_elements, gemm_n,
-                  threads (Numba threads)
+                  threads (Numba threads), source (what measured them: on cuda a
+                  Numba CUDA triad and cuBLAS through CuPy or PyTorch)
     peers         {peer: {available, note}}: which peers ran; note says why one is skipped
     workloads     one entry per workload:
       name, size, dims        the workload and its dimensions
@@ -113,7 +114,8 @@ def markdown_table(result: dict[str, Any]) -> str:
         f"after {result['warmup']} warm-ups. Peer cells: median (peer ÷ gradcompiler; above 1 "
         f"means gradcompiler is faster).",
         f"Machine: {m['bandwidth_gb_s']:.1f} GB/s memory bandwidth, {m['sgemm_gflop_s']:.1f} "
-        f"GFLOP/s SGEMM, {m['threads']} threads.",
+        f"GFLOP/s SGEMM, {m['threads']} threads ({m.get('source', 'cpu')})"
+        + (f"; GPU {result['environment']['gpu']}." if "gpu" in result["environment"] else "."),
     ]
     if result["quick"]:
         notes.append("Quick run: tiny sizes, a smoke test; these figures are not a measurement.")

@@ -186,9 +186,17 @@ def floor_seconds(work: Workload, limits: dict[str, float]) -> float:
 
 
 def _environment(target: str) -> dict[str, Any]:
-    return dict(python=platform.python_version(), numpy=np.__version__, numba=numba.__version__,
-                gradcompiler=gc.__version__, platform=platform.platform(),
-                machine=platform.machine(), cpu_count=os.cpu_count(), target=target)
+    found = dict(python=platform.python_version(), numpy=np.__version__, numba=numba.__version__,
+                 gradcompiler=gc.__version__, platform=platform.platform(),
+                 machine=platform.machine(), cpu_count=os.cpu_count(), target=target)
+    if target == "cuda":
+        from numba import cuda
+
+        device = cuda.get_current_device()
+        name = getattr(device, "name", "Numba's CUDA simulator")
+        found.update(gpu=name.decode() if isinstance(name, bytes) else str(name),
+                     compute_capability=".".join(map(str, device.compute_capability)))
+    return found
 
 
 def _log(log: Log, line: str) -> None:
@@ -264,7 +272,7 @@ def run_suite(workloads: Sequence[str] | None = None, target: str = "cpu", quick
     warmup = warmup if warmup is not None else (QUICK_WARMUP if quick else FULL_WARMUP)
     size = "tiny" if quick else "full"
     peer_list = peer_registry.available_peers(peers if peers is not None else peer_registry.PEER_NAMES)
-    limits = machine.measure(quick=quick).as_dict()
+    limits = machine.measure(quick=quick, target=target).as_dict()
     _log(log, f"machine: {limits['bandwidth_gb_s']:.1f} GB/s, {limits['sgemm_gflop_s']:.1f} GFLOP/s SGEMM")
     # Every compiled step is timed before any peer runs, so no peer's thread pool
     # (PyTorch's OpenMP, XLA's) is alive while ours are timed. Peers then run in turn.

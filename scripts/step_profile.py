@@ -1,0 +1,72 @@
+"""Where one compiled step's time goes, per call: the host's wall time against
+the device's (CUDA events around the same call), and the host functions that
+take it (cProfile, by own time).
+
+    python scripts/step_profile.py --target cuda --workload mlp --workload attention
+
+On a GPU a step whose host time far exceeds its device time is bound by
+launch and dispatch overhead, not by its kernels: that is what this shows.
+On the CPU the two columns are the same clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+from gradcompiler.bench import suite
+from gradcompiler.bench import workloads as workload_registry
+
+
+def device_seconds(run, target: str) -> float:
+    """One call's device time (CUDA events), or its wall time on the CPU."""
+    if target != "cuda":
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+    from numba import cuda
+
+    begin, end = cuda.event(), cuda.event()
+    begin.record()
+    run()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3
+
+
+def profile(name: str, target: str, calls: int, top: int) -> str:
+    work = workload_registry.build(name, "full")
+    feeds = workload_registry.feeds_for(work)
+    run = suite.step_runner(suite.compile_step(work, target), feeds, target)
+    for _ in range(3):
+        run()
+    wall = suite.time_calls(run, calls, 0)["median_s"]
+    device = statistics.median(device_seconds(run, target) for _ in range(calls))
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        run()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return (f"== {name} on {target}: median wall {wall * 1e3:.3f} ms per call, "
+            f"device (events) {device * 1e3:.3f} ms\n{text.getvalue()}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--workload", action="append", choices=workload_registry.NAMES)
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    for name in args.workload or workload_registry.NAMES:
+        print(profile(name, args.target, args.calls, args.top), flush=True)
+
+
+if __name__ == "__main__":
+    main()
