@@ -223,8 +223,12 @@ class _Writer:
             self.emit(depth + 1, "lane = 16")
             self.emit(depth + 1, "while lane > 0:")
             for plan in plans:
-                w = f"w{plan.index}"
-                self.emit(depth + 2, f"{w} = {self._combine(plan, w, f'cuda.shfl_down_sync(0xFFFFFFFF, {w}, lane)')}")
+                # The shuffle is a statement of its own: inside MAX's or MIN's conditional
+                # expression only some lanes would reach it, and a full-mask shuffle that not
+                # every lane of the warp reaches never completes (seen on an H200).
+                w, o = f"w{plan.index}", f"o{plan.index}"
+                self.emit(depth + 2, f"{o} = cuda.shfl_down_sync(0xFFFFFFFF, {w}, lane)")
+                self.emit(depth + 2, f"{w} = {self._combine(plan, w, o)}")
             self.emit(depth + 2, "lane //= 2")
             self.emit(depth + 1, "if t == 0:")
             for plan in plans:

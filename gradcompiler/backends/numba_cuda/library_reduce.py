@@ -110,7 +110,8 @@ def _kernels(mode: str, dtype: np.dtype, block: int, shuffle: bool):
                     acc = partial[t]
                     lane = 16
                     while lane > 0:
-                        acc = combine(acc, cuda.shfl_down_sync(0xFFFFFFFF, acc, lane))
+                        shuffled = cuda.shfl_down_sync(0xFFFFFFFF, acc, lane)  # every lane, then combine
+                        acc = combine(acc, shuffled)
                         lane //= 2
                     if t == 0:
                         partial[0] = acc
