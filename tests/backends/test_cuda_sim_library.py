@@ -26,6 +26,7 @@ if not simulator_active(cuda) and os.environ.get("GRADCOMPILER_GPU_CHECK") != "1
 from gradcompiler.backends.numba_cuda.device import (LaunchConfig, default_config,  # noqa: E402
                                                      is_device_array, to_device)
 from gradcompiler.backends.numba_cuda.library import cuda_library_kernel, run_library_op  # noqa: E402
+from gradcompiler.backends.numba_cuda.library_reduce import PartialFold  # noqa: E402
 from gradcompiler.ir import TensorType  # noqa: E402
 from gradcompiler.ops.indexing import (IndexingIncrMultiAxisVec, IndexingMultiAxisVec,  # noqa: E402
                                        IndexingOneHot, IndexingSetMultiAxisVec, IndexingSetOneHot,
@@ -133,6 +134,22 @@ def test_reduce_integers_and_max_propagates_nan(rng):
     y[1, 3] = np.nan
     got = run_library_op(Reduce("MAX", (1,)), y)
     assert got[0] == 1 and np.isnan(got[1])
+
+
+@pytest.mark.parametrize("mode, divisor", [("SUM", None), ("MAX", None), ("MIN", None), ("PRODUCT", None),
+                                           ("SUM", 50)])
+@pytest.mark.parametrize("count, width", [(37, 1), (37, 5), (3, 1), (1, 4)])
+def test_partial_fold_combines_every_blocks_partial(rng, mode, divisor, count, width):
+    """Stage two of a generated kernel's reduction over axis 0: partials (count, width) folded
+    over their leading axis, divided by the kernel's own divisor for a MEAN (here 50: the
+    count of elements the partials summed, not the count of partials)."""
+    partials = rng.uniform(0.5, 1.5, (count, width)).astype(np.float32)
+    want = NUMPY_REDUCE["MEAN" if divisor else mode](partials, 0, False)
+    if divisor:
+        want = partials.sum(axis=0) / np.float32(divisor)
+    out = cuda.device_array(width, np.float32)
+    PartialFold(mode, divisor, np.float32, count, width, default_config())(cuda.to_device(partials.reshape(-1)), out)
+    assert_close(out.copy_to_host(), np.asarray(want, np.float32))
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the simulator's 0/0 for MEAN

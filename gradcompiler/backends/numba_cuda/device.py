@@ -34,6 +34,9 @@ class LaunchConfig:
     * `tile`: edge of the square shared-memory tiles of matmul
       (`tile`² threads per block);
     * `column_chunks`: the most partial rows of a two-stage reduction;
+    * `partial_blocks`: the most blocks of a generated kernel whose reductions leave one
+      partial per block (enough to fill an H200: 132 multiprocessors × 8 blocks of 256
+      threads; more would only add partials to fold);
     * `warp_shuffle`: finish tree reductions with warp shuffles when a
       block holds a whole warp (None or True; the simulator has none, so
       it never does there).
@@ -44,10 +47,11 @@ class LaunchConfig:
     reduce_block: int = 256
     tile: int = 16
     column_chunks: int = 64
+    partial_blocks: int = 1024
     warp_shuffle: bool | None = None
 
     def __post_init__(self) -> None:
-        for name in ("block", "max_blocks", "reduce_block", "tile", "column_chunks"):
+        for name in ("block", "max_blocks", "reduce_block", "tile", "column_chunks", "partial_blocks"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"LaunchConfig.{name} must be a positive int, got {value!r}")
@@ -72,7 +76,7 @@ class LaunchConfig:
 SHUFFLE_DTYPES = tuple(np.dtype(t) for t in (np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64))
 """What `cuda.shfl_down_sync` moves; reductions of other dtypes end their tree in shared memory."""
 
-SIMULATOR_CONFIG = LaunchConfig(block=16, max_blocks=4, reduce_block=8, tile=4, column_chunks=4)
+SIMULATOR_CONFIG = LaunchConfig(block=16, max_blocks=4, reduce_block=8, tile=4, column_chunks=4, partial_blocks=4)
 """Tiny blocks and grids: the simulator runs each GPU thread as a Python thread."""
 
 

@@ -78,7 +78,7 @@ class _KernelLaunch:
     def __init__(self, step: KernelStep, compiled: CompiledCudaKernel, config: LaunchConfig):
         self.step, self.compiled = step, compiled
         source = compiled.source
-        self.grid = source.grid(step.kernel, config.max_blocks)
+        self.grid = source.grid(step.kernel, config.partial_blocks if source.partials else config.max_blocks)
         self.block = source.block
         self.scratch = {k: cuda.device_array(self.grid * p.size, p.dtype)
                         for k, (b, p) in enumerate(zip(step.args, step.kernel.params)) if b is None}
