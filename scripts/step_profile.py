@@ -47,8 +47,8 @@ def device_seconds(run, target: str) -> float:
     return begin.elapsed_time(end) / 1e3
 
 
-def profile(name: str, target: str, calls: int, top: int) -> str:
-    work = workload_registry.build(name, "full")
+def profile(name: str, target: str, calls: int, top: int, size: str = "full") -> str:
+    work = workload_registry.build(name, size)
     feeds = workload_registry.feeds_for(work)
     run = suite.step_runner(suite.compile_step(work, target), feeds, target)
     for _ in range(3):
@@ -66,10 +66,10 @@ def profile(name: str, target: str, calls: int, top: int) -> str:
             f"device (events) {device * 1e3:.3f} ms\n{text.getvalue()}")
 
 
-def trace(name: str, target: str) -> None:
+def trace(name: str, target: str, size: str = "full") -> None:
     """Each launch of two calls, one at a time, with the seconds it took (module docstring)."""
     start = time.perf_counter()
-    work = workload_registry.build(name, "full")
+    work = workload_registry.build(name, size)
     feeds = workload_registry.feeds_for(work)
     step = suite.compile_step(work, target)
     print(f"== {name}: compiled in {time.perf_counter() - start:.2f} s", flush=True)
@@ -99,13 +99,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--trace", action="store_true", help="time each launch of two calls")
+    parser.add_argument("--size", choices=workload_registry.SIZES, default="full",
+                        help="the workloads' size (tiny: a smoke run, not a measurement)")
     args = parser.parse_args()
     faulthandler.dump_traceback_later(20, repeat=True, file=sys.stderr)
     for name in args.workload or workload_registry.NAMES:
         if args.trace:
-            trace(name, args.target)
+            trace(name, args.target, args.size)
         else:
-            print(profile(name, args.target, args.calls, args.top), flush=True)
+            print(profile(name, args.target, args.calls, args.top, args.size), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import pytest
 from helpers import captured_values, mlp_step
 
 import gradcompiler as gc
+from gradcompiler.bench import workloads
 from gradcompiler.errors import GraphError
 from passes.groups import FusionGroup, FusionPlan
 from passes.memory import plan_memory, singleton_plan, unfused_peak_bytes
@@ -221,6 +222,21 @@ def test_fusion_brings_the_attention_peak_below_the_unfused_peak():
     # Op by op, the softmax and its backward materialise every (2,8,8) intermediate; fused,
     # most of them live only in the registers of the kernel that reads them.
     assert ctx.memory.peak_bytes < ctx.memory.unfused_peak_bytes == unfused_peak_bytes(opt)
+
+
+def test_mlp_at_the_benchmark_size_is_planned_at_its_floor():
+    """The mlp step of benchmarks.md (256×784 → 512 → 512 → 10): the fused plan's peak is the
+    floor of any plan that materialises the matmul operands: every returned value (loss and
+    six gradients, live to the end) plus dZ1 (256, 512), the operand of dW1 = xᵀ·dZ1, the
+    last product. The op-by-op program reaches the same floor, so neither can be below the
+    other here; the oracle is that sum, computed from the shapes alone."""
+    work = workloads.build("mlp", "full")
+    opt, ctx = optimize(work.outputs[0].graph, [t.id for t in work.outputs], debug=True)
+    d = workloads.DIMS["mlp"]["full"]
+    f, h, c, batch = d["features"], d["hidden"], d["classes"], d["batch"]
+    returned = 4 * (1 + f * h + h + h * h + h + h * c + c)
+    floor = returned + 4 * batch * h
+    assert ctx.memory.peak_bytes == floor == ctx.memory.unfused_peak_bytes
 
 
 def test_fused_mlp_keeps_only_the_relu_outputs_across_kernels():
