@@ -114,15 +114,12 @@ def measure_cuda_bandwidth(elements: int = FULL_STREAM_ELEMENTS, repeats: int = 
 def measure_cuda_sgemm(n: int = FULL_GEMM_N, repeats: int = 5) -> tuple[float, str]:
     """GFLOP/s of cuBLAS's float32 n×n×n matmul through CuPy or PyTorch (NaN without either)."""
     def timed(matmul, synchronize) -> float:
-        matmul()
-        synchronize()
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
+        def once():
             matmul()
             synchronize()
-            best = min(best, time.perf_counter() - start)
-        return 2.0 * n * n * n / best / 1e9
+
+        once()  # cuBLAS handle and kernel selection
+        return 2.0 * n * n * n / _best_of(once, repeats) / 1e9
 
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
@@ -155,6 +152,7 @@ def measure(quick: bool = False, target: str = "cpu") -> MachineLimits:
             elements, n = SIMULATOR_STREAM_ELEMENTS, QUICK_GEMM_N
         sgemm, library = measure_cuda_sgemm(n)
         return MachineLimits(measure_cuda_bandwidth(elements), sgemm, elements, n, numba.get_num_threads(),
-                             f"cuda: numba triad kernel, cuBLAS matmul through {library}")
+                             "cuda: numba triad kernel, " + (f"cuBLAS matmul through {library}" if library != "none"
+                                                             else "no SGEMM (neither CuPy nor PyTorch)"))
     return MachineLimits(measure_bandwidth(elements), measure_sgemm(n), elements, n,
                          numba.get_num_threads())
