@@ -41,6 +41,18 @@ for package in ("numpy", "numba", "numba-cuda", "llvmlite", "cuda-bindings", "to
     except metadata.PackageNotFoundError:
         print(f"{package} not installed")
 print("python", platform.python_version())
+
+# Compile and run one kernel before anything else: a numba-cuda that cannot compile (seen with
+# numpy 2.5 beside numba-cuda 0.30, which calls the removed np.row_stack) fails every test.
+import numpy as np
+from gradcompiler.bench.cuda_triad import triad
+try:
+    a, b, c = (cuda.to_device(np.full(64, v, np.float32)) for v in (0.0, 1.0, 2.0))
+    triad[1, 64](a, b, c, np.float32(3.0))
+    assert (a.copy_to_host() == 7.0).all(), "the probe kernel computed a wrong result"
+except Exception as err:
+    raise SystemExit(f"numba-cuda cannot compile or run a kernel here: {type(err).__name__}: {err}")
+print("probe kernel: compiled and ran")
 PYEOF
 then
     cat "$OUT/device.txt"
