@@ -56,8 +56,10 @@ ROW_SPLIT = 1024
 _COMBINE = {
     "SUM": "{a} + {b}",
     "PRODUCT": "{a} * {b}",
-    "MAX": "{b} if {b} > {a} else {a}",
-    "MIN": "{b} if {b} < {a} else {a}",
+    # NaN wins, as in numpy's max: a NaN value enters (b != b), and a NaN accumulator stays
+    # (no comparison with it is true)
+    "MAX": "{b} if {b} > {a} or {b} != {b} else {a}",
+    "MIN": "{b} if {b} < {a} or {b} != {b} else {a}",
 }
 _ROW_HELPER = {"SUM": "sum_row", "PRODUCT": "product_row", "MAX": "max_row", "MIN": "min_row"}
 
@@ -100,7 +102,10 @@ class _ReductionPlan:
 
 def _plan_reduction(index: int, red: Reduction, dtype, phase: int, rank: int, reassociate: bool) -> _ReductionPlan:
     axes = set(red.axes)
-    row = ("register" if reassociate else "buffer") if rank >= 2 and rank - 1 in axes else None
+    # MAX and MIN always reduce a row buffer: their helpers keep a NaN met on the way in a
+    # second select, which vectorises; a register chain that tests for NaN does not
+    register_row = reassociate and red.mode in ("SUM", "PRODUCT")
+    row = ("register" if register_row else "buffer") if rank >= 2 and rank - 1 in axes else None
     level = rank - 2 if row else rank - 1
     remaining = axes - {rank - 1} if row else axes
     start = level + 1

@@ -37,17 +37,23 @@ def product_row(buf, start, n, init):
 
 @njit(cache=True, nogil=True)
 def max_row(buf, start, n, init):
+    """NaN wins, as in numpy: `seen` keeps a NaN met on the way (two selects per element,
+    which vectorise where one compare that also tests for NaN does not)."""
     acc = init
+    seen = init
     for t in range(n):
         value = buf[start + t]
         acc = value if value > acc else acc
-    return acc
+        seen = value if value != value else seen
+    return seen if seen != seen else acc
 
 
 @njit(cache=True, nogil=True)
 def min_row(buf, start, n, init):
     acc = init
+    seen = init
     for t in range(n):
         value = buf[start + t]
         acc = value if value < acc else acc
-    return acc
+        seen = value if value != value else seen
+    return seen if seen != seen else acc
