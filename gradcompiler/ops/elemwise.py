@@ -34,6 +34,17 @@ def _normal_pdf(a):
     return np.exp(-0.5 * a * a) * _INV_SQRT_2PI
 
 
+def _gelu(a):
+    """a·Φ(a); at −inf the limit −0, not −inf·0 = NaN."""
+    return np.where(a == -np.inf, -np.zeros_like(a), a * _normal_cdf(a))
+
+
+def _gelu_grad(a, g):
+    """g·(Φ(a) + a·φ(a)), with a·φ(a) → 0 at ±inf (its limit, not inf·0 = NaN)."""
+    density = np.where(np.isinf(a), np.zeros_like(a), a * _normal_pdf(a))
+    return g * (_normal_cdf(a) + density)
+
+
 def _stable_sigmoid(a):
     return special.expit(a)
 
@@ -75,7 +86,7 @@ MODES: dict[str, ModeSpec] = {
     "TANH": ModeSpec(1, np.tanh),
     "SIGMOID": ModeSpec(1, _stable_sigmoid),
     "ERF": ModeSpec(1, special.erf),
-    "GELU": ModeSpec(1, lambda a: a * _normal_cdf(a)),
+    "GELU": ModeSpec(1, _gelu),
     "SOFTPLUS": ModeSpec(1, lambda a: np.log1p(np.exp(-np.abs(a))) + np.where(a > 0, a, _zero(a))),
     "RELU": ModeSpec(1, lambda a: np.where(a <= 0, _zero(a), a), float_only=False),
     # comparisons
@@ -89,7 +100,7 @@ MODES: dict[str, ModeSpec] = {
     "ABS_GRAD": ModeSpec(2, lambda a, b: np.where(a > 0, b, -b)),
     "SIGMOID_GRAD": ModeSpec(2, lambda a, b: a * (1 - a) * b),
     "TANH_GRAD": ModeSpec(2, lambda a, b: (1 - a * a) * b),
-    "GELU_GRAD": ModeSpec(2, lambda a, b: b * (_normal_cdf(a) + a * _normal_pdf(a))),
+    "GELU_GRAD": ModeSpec(2, _gelu_grad),
     "SOFTPLUS_GRAD": ModeSpec(2, lambda a, b: b * _stable_sigmoid(a)),
 }
 

@@ -37,6 +37,7 @@ def _functions(dtype: type) -> dict:
     """The device functions of one float dtype, keyed by mode name (lower case)."""
     zero, half, one = dtype(0), dtype(0.5), dtype(1)
     inv_sqrt2, inv_sqrt_2pi = dtype(0.7071067811865476), dtype(0.3989422804014327)
+    clamp = dtype(40.0)  # 40·φ(40) ~ 1e-347 and 40·Φ(−40) ~ 1e-349: zero in every float
 
     @cuda.jit(device=True)
     def exp(x):
@@ -98,11 +99,12 @@ def _functions(dtype: type) -> dict:
 
     @cuda.jit(device=True)
     def gelu(x):
-        return x * normal_cdf(x)
+        return -zero if x < -clamp else x * normal_cdf(x)  # the limit at -inf, not -inf·0 (NaN stays)
 
     @cuda.jit(device=True)
     def gelu_grad(x, g):
-        return g * (normal_cdf(x) + x * (_exp(-half * x * x) * inv_sqrt_2pi))
+        xc = min(max(x, -clamp), clamp)  # x·φ(x) → 0 at ±inf; below every float past ±40
+        return g * (normal_cdf(x) + xc * (_exp(-half * xc * xc) * inv_sqrt_2pi))
 
     @cuda.jit(device=True)
     def softplus_grad(x, g):
