@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import os
+import zlib
 
 import numpy as np
 import pytest
@@ -123,6 +124,65 @@ def test_compiled_values_and_gradients_match_the_reference(target):
         CHECKED[f"compiled-{target}/reference"] += 1
 
     check()
+
+
+SPECIAL_VALUES = np.array([np.nan, np.inf, -np.inf, -0.0])
+NON_FINITE_EXAMPLES = {"cpu": FUZZ_EXAMPLES // 2 if FUZZ else 30, "cuda": FUZZ_EXAMPLES // 4 if FUZZ else 10}
+
+
+def with_special_values(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A copy of `feeds` with about one float element in five replaced by NaN, ±inf or −0
+    (the positions and values drawn from the feeds' own contents, so a case is reproducible)."""
+    result = {}
+    for name, value in feeds.items():
+        value = np.array(value, copy=True)
+        if value.dtype.kind == "f" and value.size:
+            rng = np.random.default_rng(zlib.crc32(name.encode() + value.tobytes()))
+            flat = value.reshape(-1)
+            chosen = rng.choice(flat.size, size=max(1, flat.size // 5), replace=False)
+            flat[chosen] = rng.choice(SPECIAL_VALUES, size=chosen.size).astype(value.dtype)
+        result[name] = value
+    return result
+
+
+def assert_same_non_finite_values(got: np.ndarray, want: np.ndarray, label: str) -> None:
+    """NaN where the reference has NaN, each infinity where it has one with its sign, and the
+    finite values close."""
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{label}: NaN positions")
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=f"{label}: +inf positions")
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=f"{label}: -inf positions")
+    finite = np.isfinite(want)
+    rtol, atol = TOLERANCE[want.dtype.name]
+    scale = max(1.0, float(np.abs(want[finite]).max(initial=0.0)))
+    np.testing.assert_allclose(got[finite], want[finite], rtol=rtol, atol=atol * scale, err_msg=label)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference's inf - inf, 0 * inf, ...
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_non_finite_feeds_give_the_reference_nan_and_inf(target):
+    """Silent garbage hides in the non-finite cases: a compare-and-select that drops a NaN, an
+    inf·0 in a formula whose limit is finite. Random graphs on feeds salted with NaN, ±inf
+    and −0, forward values only, against the reference. Derandomized under make test (the
+    same graphs every run); make fuzz draws new ones."""
+
+    salted = collections.Counter()
+
+    @settings(max_examples=NON_FINITE_EXAMPLES[target], derandomize=not FUZZ)
+    @given(fuzz_cases(max_steps=6))
+    def check(case):
+        feeds = with_special_values(case.feeds)
+        want = gc.evaluate(case.outputs, feeds)
+        salted["cases"] += 1
+        salted["non-finite"] += any(not np.isfinite(w).all() for w in want)
+        step = gc.compile(case.outputs, target=target)
+        got = step(**feeds, to_host=True) if target == "cuda" else step(**feeds)
+        got = got if isinstance(got, list) else [got]
+        for tensor, g, w in zip(case.outputs, got, want):
+            assert_same_non_finite_values(np.asarray(g), np.asarray(w), f"%{tensor.id} {tensor.node.op.label}")
+        CHECKED[f"non-finite-{target}/reference"] += 1
+
+    check()
+    assert salted["non-finite"] * 3 >= salted["cases"], f"too few cases reached a non-finite output: {salted}"
 
 
 def test_the_recipes_reach_every_op():
