@@ -13,7 +13,8 @@ kernels of every reduction mode, row and whole-domain layouts, at warp and
 multi-warp block sizes with shuffles on (and of the hand-written library
 kernels): every shuffle is the whole value of an assignment statement,
 never inside a conditional expression, a boolean operator or a call; and no
-barrier sits under a branch on the thread index `t`.
+barrier sits under a branch on the thread index `t` or in a loop whose trip count
+depends on it, and no shuffle in such a loop.
 """
 
 from __future__ import annotations
@@ -61,10 +62,16 @@ def _violations(source: str) -> list[str]:
         for child in ast.iter_child_nodes(node):
             if _is_shuffle(child) and not (isinstance(node, ast.Assign) and node.value is child):
                 found.append(f"line {child.lineno}: a shuffle inside an expression ({ast.unparse(node)[:80]})")
-        if isinstance(node, ast.If) and _branches_on_thread(node.test):
+        # a branch, or a loop whose trip count, depends on the thread index
+        divergent = ((isinstance(node, (ast.If, ast.While)) and _branches_on_thread(node.test))
+                     or (isinstance(node, ast.For) and _branches_on_thread(node.iter)))
+        if divergent:
+            header = ast.unparse(node.test if not isinstance(node, ast.For) else node.iter)
             for inner in ast.walk(ast.Module(body=node.body + node.orelse, type_ignores=[])):
                 if _is_barrier(inner):
-                    found.append(f"line {inner.lineno}: a barrier under `if {ast.unparse(node.test)}`")
+                    found.append(f"line {inner.lineno}: a barrier under `{header}`")
+                if _is_shuffle(inner) and not isinstance(node, ast.If):
+                    found.append(f"line {inner.lineno}: a shuffle in a loop over `{header}`")
     return found
 
 
