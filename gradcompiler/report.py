@@ -88,8 +88,11 @@ def _memory(executable: Any) -> list[str]:
     memory = executable.context.memory
     peak, unfused = memory.peak_bytes, memory.unfused_peak_bytes
     change = f"{100 * (unfused - peak) / unfused:.0f}% less" if unfused else "no values"
+    graph = executable.graph
+    returned = sum(graph[n].type.nbytes for n in set(graph.outputs) if n in memory.lifetimes)
     return [
         f"  peak {format_bytes(peak)}, unfused op-by-op peak {format_bytes(unfused)} ({change})",
+        f"  returned values {format_bytes(returned)}: every plan holds them at its end, so no peak is below",
         (f"  arena {format_bytes(memory.arena_bytes)}: {len(memory.buffer_sizes)} buffers for "
          f"{len(memory.lifetimes)} materialised values, {memory.in_place} written in place"),
     ]

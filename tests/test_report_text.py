@@ -122,6 +122,12 @@ def test_memory_section_compares_peak_with_the_unfused_peak(step, sections):
     assert f"unfused op-by-op peak {format_bytes(memory.unfused_peak_bytes)}" in first
     saved = 100 * (memory.unfused_peak_bytes - memory.peak_bytes) / memory.unfused_peak_bytes
     assert f"({saved:.0f}% less)" in first
+    # the returned values, summed from the graph's outputs by hand: a floor no plan goes below
+    graph = step.graph
+    returned = sum(int(np.prod(graph[n].type.shape)) * graph[n].type.dtype.itemsize
+                   for n in set(graph.outputs) if n in memory.lifetimes)
+    assert sections["memory"][1].strip().startswith(f"returned values {format_bytes(returned)}:")
+    assert memory.peak_bytes >= returned
 
 
 def test_compile_section_shows_stage_times_and_cache_hits(step, sections):
