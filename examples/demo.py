@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import gradcompiler as gc
-from mlp_training import PARAM_NAMES, build_mlp_step, class_centres, init_params, make_batch
+from mlp_training import build_mlp_step, class_centres, init_params, make_batch, sgd_step
 
 
 def main(steps: int = 20, batch: int = 256, features: int = 784, hidden: int = 512,
@@ -50,12 +50,8 @@ def main(steps: int = 20, batch: int = 256, features: int = 784, hidden: int = 5
         f"largest relative difference {error:.2e}")
 
     losses = []
-    for i in range(steps):
-        x, labels = make_batch(rng, centres, batch)
-        loss_value, *grad_values = step(x=x, labels=labels, **weights)
-        for name, g in zip(PARAM_NAMES, grad_values):
-            weights[name] -= lr * g
-        losses.append(float(loss_value))
+    for _ in range(steps):
+        losses.append(sgd_step(step, weights, *make_batch(rng, centres, batch), lr))
     say(f"5.   {steps} SGD steps: loss {losses[0]:.4f} → {losses[-1]:.4f}")
 
     if dot_path:

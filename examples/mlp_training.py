@@ -48,6 +48,14 @@ def make_batch(rng: np.random.Generator, centres: np.ndarray, batch: int) -> tup
     return x.astype(np.float32), labels
 
 
+def sgd_step(step, weights: dict, x: np.ndarray, labels: np.ndarray, lr: float) -> float:
+    """One training step: run the compiled step, update `weights` in place; the loss."""
+    loss_value, *grad_values = step(x=x, labels=labels, **weights)
+    for name, g in zip(PARAM_NAMES, grad_values):
+        weights[name] -= lr * g
+    return float(loss_value)
+
+
 def class_centres(rng: np.random.Generator, classes: int, features: int) -> np.ndarray:
     """Centres far enough apart (in all `features` dimensions together) to be told apart."""
     return rng.standard_normal((classes, features)) * np.sqrt(2.0) / features**0.25
@@ -72,11 +80,7 @@ def main(steps: int = 100, batch: int = 256, features: int = 784, hidden: int = 
     before = accuracy()
     history = []
     for i in range(steps):
-        x, labels = make_batch(rng, centres, batch)
-        loss_value, *grad_values = step(x=x, labels=labels, **weights)
-        for name, g in zip(PARAM_NAMES, grad_values):
-            weights[name] -= lr * g
-        history.append(float(loss_value))
+        history.append(sgd_step(step, weights, *make_batch(rng, centres, batch), lr))
         if verbose and (i % max(1, steps // 10) == 0 or i == steps - 1):
             print(f"step {i:4d}  loss {history[-1]:.4f}")
     after = accuracy()

@@ -319,36 +319,35 @@ def test_update_value_is_broadcast_to_the_region(graph, rng):
         np.testing.assert_array_equal(g, e)
 
 
-@pytest.mark.parametrize("dtype", ["float64", "int64"])
-def test_index_add_accumulates_repeats_like_add_at(dtype, graph, rng):
+ROWS = np.array([[3, 1, 3], [3, 3, 0]])
+COLS = np.array([2, 2, -1])
+
+
+def _repeated_index_block(update_op, dtype, rng):
+    """`update_op(x, (rows, :, cols), v)` with repeated positions, evaluated: (x, v, result)."""
     values = _data(rng, dtype)
-    rows = np.array([[3, 1, 3], [3, 3, 0]])
-    cols = np.array([2, 2, -1])
     update = _data(rng, dtype, (2, 3, 5))
     x = gc.input("x", SHAPE, dtype)
     v = gc.input("v", update.shape, dtype)
-    r = gc.input("r", rows.shape, "int64")
-    y = gc.index_add(x, (r, slice(None), cols), v)
-    got = gc.evaluate(y, x=values, v=update, r=rows)
+    r = gc.input("r", ROWS.shape, "int64")
+    y = update_op(x, (r, slice(None), COLS), v)
+    return values, update, gc.evaluate(y, x=values, v=update, r=ROWS)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int64"])
+def test_index_add_accumulates_repeats_like_add_at(dtype, graph, rng):
+    values, update, got = _repeated_index_block(gc.index_add, dtype, rng)
     expected = values.copy()
-    np.add.at(expected, (rows, slice(None), cols), update)
+    np.add.at(expected, (ROWS, slice(None), COLS), update)
     np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "int32"])
 def test_index_update_with_repeats_last_write_in_row_major_order_wins(dtype, graph, rng):
-    values = _data(rng, dtype)
-    rows = np.array([[3, 1, 3], [3, 3, 0]])
-    cols = np.array([2, 2, -1])
-    update = _data(rng, dtype, (2, 3, 5))
-    x = gc.input("x", SHAPE, dtype)
-    v = gc.input("v", update.shape, dtype)
-    r = gc.input("r", rows.shape, "int64")
-    y = gc.index_update(x, (r, slice(None), cols), v)
-    got = gc.evaluate(y, x=values, v=update, r=rows)
+    values, update, got = _repeated_index_block(gc.index_update, dtype, rng)
     expected = values.copy()
-    for i, j in np.ndindex(rows.shape):  # row-major walk over the index block
-        expected[rows[i, j], :, cols[j]] = update[i, j]
+    for i, j in np.ndindex(ROWS.shape):  # row-major walk over the index block
+        expected[ROWS[i, j], :, COLS[j]] = update[i, j]
     np.testing.assert_array_equal(got, expected)
 
 
