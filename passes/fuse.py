@@ -296,8 +296,12 @@ class _Planner:
         return phase, shared
 
     # -- epilogues ---------------------------------------------------------------------------
-    def attach_epilogues(self, outputs: set[int]) -> None:
-        """Merge each loop that can update a library output in place into that library group."""
+    def attach_epilogues(self, outputs: set[int], needed_outside: set[int]) -> None:
+        """Merge each loop that can update a library output in place into that library group.
+
+        `needed_outside` are the values read outside the loop that computes them: only
+        those become a loop's outputs, so only those have a buffer the call can write.
+        """
         readers: dict[int, set[int]] = {}
         for index, group in enumerate(self.groups):
             for d in group.reads:
@@ -309,7 +313,8 @@ class _Planner:
                 lib = self.producer.get(d)
                 if lib is None or self.groups[lib].kind != "library" or self.groups[lib].epilogue:
                     continue
-                if d in outputs or readers.get(d) != {index} or not self._in_place_target(group, d):
+                if d in outputs or readers.get(d) != {index} or not self._in_place_target(
+                        group, d, needed_outside):
                     continue
                 self.dag.remove_edge(lib, index)
                 if nx.has_path(self.dag, lib, index):
@@ -320,12 +325,16 @@ class _Planner:
                 group.kind = "epilogue"
                 break
 
-    def _in_place_target(self, group: _Group, value: int) -> bool:
+    def _in_place_target(self, group: _Group, value: int, needed_outside: set[int]) -> bool:
+        """Whether `group` reads `value` only in place and stores an elementwise output of its
+        type, the buffer the library call can write for the loop to update (a root used only
+        inside the loop lives in registers and has no buffer)."""
         identity = domain_index(group.domain)
         if group.reads[value] != {identity}:
             return False
         t = self.graph[value].type
-        return any(node_class(self.graph[r]) != "reduction" and self.graph[r].type == t for r in group.roots)
+        return any(node_class(self.graph[r]) != "reduction" and self.graph[r].type == t
+                   and r in needed_outside for r in group.roots)
 
     def execution_order(self) -> list[int]:
         return list(nx.lexicographical_topological_sort(self.dag))
@@ -370,10 +379,10 @@ def plan_fusion(graph: Graph) -> FusionPlan:
     planner = _Planner(graph, materialised)
     for node_id in graph.topo_order():
         planner.add(node_id)
-    planner.attach_epilogues(set(outputs))
+    needed_outside = set(outputs).union(*(group.reads for group in planner.groups))
+    planner.attach_epilogues(set(outputs), needed_outside)
     order = planner.execution_order()
     owned = _owned(planner, order, graph)
-    needed_outside = set(outputs).union(*(group.reads for group in planner.groups))
     position = {n: k for k, n in enumerate(graph.topo_order())}
     return FusionPlan([_finish(graph, planner.groups[i], f"k{step}", owned.get(i, []), needed_outside,
                                materialised, position) for step, i in enumerate(order)])
