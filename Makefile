@@ -21,11 +21,17 @@ test: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest tests
 
 # random graphs: FUZZ_EXAMPLES checked against finite differences and compiled for the CPU
-# (half as many for the CUDA simulator); prints the counts
+# (half as many for the CUDA simulator), drawn from FUZZ_SEED (printed; pass it to replay a
+# run), within FUZZ_SECONDS (0: no limit); prints the counts
 FUZZ_EXAMPLES ?= 2000
+FUZZ_SECONDS  ?= 0
+FUZZ_SEED     ?= $(shell $(PYTHON) -c 'import random; print(random.randrange(2**32))')
 fuzz: $(STAMP)
+	@echo "fuzz: seed $(FUZZ_SEED), $(FUZZ_EXAMPLES) examples, time limit $(FUZZ_SECONDS) s"
 	NUMBA_ENABLE_CUDASIM=1 HYPOTHESIS_PROFILE=fuzz GRADCOMPILER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
-		$(PY) -m pytest tests/hardening/test_fuzz_random_graphs.py -q -s -p no:warnings
+		GRADCOMPILER_FUZZ_SECONDS=$(FUZZ_SECONDS) \
+		$(PY) -m pytest tests/hardening/test_fuzz_random_graphs.py -q -s -p no:warnings \
+		--hypothesis-seed=$(FUZZ_SEED)
 
 bench: $(STAMP)
 	$(VENV)/bin/gradcompiler bench --json bench-results/bench.json --markdown bench-results/bench.md --plot bench-results/bench.png

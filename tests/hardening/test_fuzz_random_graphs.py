@@ -11,7 +11,11 @@ differentiated and checked two ways:
   time per distinct kernel, so `make test` runs fewer.
 
 `make fuzz` (HYPOTHESIS_PROFILE=fuzz) runs GRADCOMPILER_FUZZ_EXAMPLES
-graphs through each. Every test counts the graphs it checked, and the module
+graphs through each, from a seed it prints (`make fuzz FUZZ_SEED=...` replays a
+run; a failing case is also kept in hypothesis's example database under the
+ignored `.hypothesis/`, and replayed first on the next run).
+GRADCOMPILER_FUZZ_SECONDS bounds the run's time (CI runs a few minutes of fresh
+graphs after the suite). Every test counts the graphs it checked, and the module
 prints the totals at the end (`-s` shows them).
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 import zlib
 
 import numpy as np
@@ -43,14 +48,46 @@ TOLERANCE = {"float32": (1e-3, 1e-4), "float64": (1e-8, 1e-10)}
 tanh... are its own polynomial approximations, a few ulp from numpy's."""
 
 CHECKED: collections.Counter = collections.Counter()
+UNCHECKED: collections.Counter = collections.Counter()
+
+
+class TimeBudget:
+    """GRADCOMPILER_FUZZ_SECONDS (0: no limit) shared evenly by the tests that draw graphs.
+
+    Hypothesis has no time limit of its own, so once a test has spent its share, the cases
+    it still draws are counted as unchecked and not compiled (drawing one costs
+    milliseconds); the summary line says how many.
+    """
+
+    DRAWING_TESTS = 6  # reference, per-recipe (all recipes together), compiled x2, non-finite x2
+
+    def __init__(self, seconds: float):
+        self.share = seconds / self.DRAWING_TESTS
+        self.started: dict[str, float] = {}
+
+    def spent(self, test: str) -> bool:
+        if self.share <= 0:
+            return False
+        start = self.started.setdefault(test, time.monotonic())
+        if time.monotonic() - start > self.share:
+            UNCHECKED[test] += 1
+            return True
+        return False
+
+
+BUDGET = TimeBudget(float(os.environ.get("GRADCOMPILER_FUZZ_SECONDS", "0")))
 
 
 @pytest.fixture(scope="module", autouse=True)
-def report_counts():
+def report_counts(request):
     yield
     total = sum(CHECKED.values())
     parts = ", ".join(f"{name} {count}" for name, count in sorted(CHECKED.items()))
-    print(f"\nfuzz: {total} random graphs checked with no mismatch ({parts})")
+    seed = request.config.getoption("hypothesis_seed", None)
+    drawn = f"seed {seed}" if seed is not None else "no fixed seed"
+    unchecked = sum(UNCHECKED.values())
+    late = f"; {unchecked} drawn after the time budget, not checked" if unchecked else ""
+    print(f"\nfuzz ({drawn}): {total} random graphs checked with no mismatch ({parts}){late}")
 
 
 def assert_close_to_finite_differences(report) -> None:
@@ -76,6 +113,8 @@ def check_against_finite_differences(case) -> None:
 @settings(max_examples=REFERENCE_EXAMPLES)
 @given(fuzz_cases(max_steps=8))
 def test_reference_gradients_match_finite_differences(case):
+    if BUDGET.spent("reference"):
+        return
     check_against_finite_differences(case)
     CHECKED["reference/finite-differences"] += 1
 
@@ -87,6 +126,8 @@ def test_each_recipe_against_finite_differences(recipe):
     @settings(max_examples=PER_RECIPE_EXAMPLES)
     @given(fuzz_cases(max_steps=3, recipes=(recipe,)))
     def check(case):
+        if BUDGET.spent("per-recipe"):
+            return
         check_against_finite_differences(case)
         CHECKED["per-recipe/finite-differences"] += 1
 
@@ -120,6 +161,8 @@ def test_compiled_values_and_gradients_match_the_reference(target):
     @settings(max_examples=COMPILED_EXAMPLES[target])
     @given(fuzz_cases(max_steps=8))
     def check(case):
+        if BUDGET.spent(f"compiled-{target}"):
+            return
         run_compiled(case, target)
         CHECKED[f"compiled-{target}/reference"] += 1
 
@@ -170,6 +213,8 @@ def test_non_finite_feeds_give_the_reference_nan_and_inf(target):
     @settings(max_examples=NON_FINITE_EXAMPLES[target], derandomize=not FUZZ)
     @given(fuzz_cases(max_steps=6))
     def check(case):
+        if BUDGET.spent(f"non-finite-{target}"):
+            return
         feeds = with_special_values(case.feeds)
         want = gc.evaluate(case.outputs, feeds)
         salted["cases"] += 1
