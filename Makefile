@@ -6,12 +6,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test fuzz bench bench-peers gpu-check clean
+.PHONY: demo test lint wheel-check fuzz bench bench-peers gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,viz,bench,cuda]'
+	$(PY) -m pip install -q -e '.[test,viz,bench,cuda,lint,packaging]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -19,6 +19,15 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest tests
+
+# ruff with the rules chosen in pyproject.toml, on the whole tree
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+# the wheel and the sdist built, the wheel installed into a fresh virtualenv, the demo and a
+# compile + run from outside the repository
+wheel-check: $(STAMP)
+	scripts/check_wheel.sh $(PY)
 
 # random graphs: FUZZ_EXAMPLES checked against finite differences and compiled for the CPU
 # (half as many for the CUDA simulator), drawn from FUZZ_SEED (printed; pass it to replay a

@@ -6,6 +6,7 @@ or CUDA. See README.md for the tour.
 """
 
 import os
+from importlib import metadata as _metadata
 
 # Numba's OpenMP threads must wait passively between kernels (why: see
 # gradcompiler/backends/numba_cpu/__init__.py). OpenMP reads this once, when the
@@ -34,4 +35,7 @@ from .gradcheck import check_grads  # noqa: E402,F401
 from .dot import to_dot  # noqa: E402,F401
 from .compile import cache_info, clear_cache, compile  # noqa: E402,F401,A004
 
-__version__ = "0.1.0"
+try:  # the installed distribution's version: pyproject.toml is the one place it is written
+    __version__ = _metadata.version("gradcompiler")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"

@@ -1,13 +1,13 @@
 """The public entry points that run passes: `grad`, `vjp`, `hvp` (and, in
 `compile.py`, `compile`). They translate Tensors to node ids and back; the
-work is done by `passes.autodiff`.
+work is done by `gradcompiler.passes.autodiff`.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from passes.autodiff import differentiate, seed_cotangent
+from gradcompiler.passes.autodiff import differentiate, seed_cotangent
 
 from .errors import GraphError, NotDifferentiableError
 from .frontend.tensor import Tensor

@@ -5,8 +5,8 @@
     step(out=[...], **feeds)          # written into the caller's arrays
     print(step.report()); step.source(); step.to_dot("step.dot")
 
-The pipeline (`passes.pipeline.optimize`, ending with `fuse` and `memory`)
-runs on a copy of the graph; `passes.lower` turns the optimised graph and its
+The pipeline (`gradcompiler.passes.pipeline.optimize`, ending with `fuse` and `memory`)
+runs on a copy of the graph; `gradcompiler.passes.lower` turns the optimised graph and its
 fusion plan into a Kernel IR program; the backend generates, caches and
 compiles it. The Executable keeps every stage for inspection: `.graph`
 (optimised), `.plan` (fusion), `.context` (pass stats, memory plan),
@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from passes.lower import lower
-from passes.pipeline import FUSE, MEMORY, debug_from_env, optimize, run_pass
+from gradcompiler.passes.lower import lower
+from gradcompiler.passes.pipeline import FUSE, MEMORY, debug_from_env, optimize, run_pass
 
 from .backends import require_target
 from .dot import to_dot
@@ -231,7 +231,7 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
             fastmath: bool | Sequence[str] = False) -> Executable:  # noqa: A001 - the natural name
     """Compile Tensor `outputs` (one, or a list) into an Executable for `target`.
 
-    `passes` replaces the default pipeline (`passes.pipeline.DEFAULT_PIPELINE`;
+    `passes` replaces the default pipeline (`gradcompiler.passes.pipeline.DEFAULT_PIPELINE`;
     a list without fuse is fused and memory-planned after its own passes, as
     code is generated from fusion groups only), `extra_passes` run before
     fuse; `debug=True` verifies the graph after every pass and

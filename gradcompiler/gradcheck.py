@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from passes.autodiff import differentiate, seed_cotangent
+from gradcompiler.passes.autodiff import differentiate, seed_cotangent
 
 from .errors import GraphError
 from .frontend.tensor import Tensor, constant

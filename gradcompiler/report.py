@@ -3,7 +3,7 @@
     format_report(executable) -> str
 
 Sections, each read from what the executable exposes (nothing is measured
-again here): the passes (`passes.pipeline.format_stats`: nodes before and
+again here): the passes (`gradcompiler.passes.pipeline.format_stats`: nodes before and
 after, rewrites by kind, bytes saved), the kernels (`executable.kernels`:
 name, iteration space, fused ops, bytes moved, FLOPs, how it was compiled
 and its generated module, as `step.source()` names it),
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from passes.pipeline import format_stats
+from gradcompiler.passes.pipeline import format_stats
 
 from .units import format_bytes, format_count
 

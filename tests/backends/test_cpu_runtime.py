@@ -55,7 +55,7 @@ def test_values_match_numpy_and_buffers_are_reused(bias_step, rng):
 
 @pytest.mark.parametrize("passes", ["unfused", "cse only"])
 def test_a_pass_list_without_fuse_is_fused_after_its_own_passes(passes, rng):
-    from passes.pipeline import CSE, UNFUSED_PIPELINE
+    from gradcompiler.passes.pipeline import CSE, UNFUSED_PIPELINE
 
     chosen = UNFUSED_PIPELINE if passes == "unfused" else [CSE]
     step = gc.compile(bias_outputs(), passes=chosen)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
-import passes.pipeline as pipeline
+import gradcompiler.passes.pipeline as pipeline
 from gradcompiler.errors import GraphError, NonFiniteError
 from gradcompiler.ops.elemwise import Elemwise
 

@@ -13,7 +13,7 @@ from gradcompiler.frontend.tensor import apply
 from gradcompiler.ops.indexing import IndexingOneHot
 from gradcompiler.ops.source import Constant, Fill
 from gradcompiler.reference import run_graph
-from passes.pipeline import CONSTANT_FOLD, CSE, optimize
+from gradcompiler.passes.pipeline import CONSTANT_FOLD, CSE, optimize
 
 
 def ops(graph) -> Counter:
@@ -134,8 +134,8 @@ def test_an_evaluation_error_is_left_for_run_time():
 
 
 def test_fold_limit_comes_from_the_context():
-    from passes import constant_fold
-    from passes.pipeline import PassContext
+    from gradcompiler.passes import constant_fold
+    from gradcompiler.passes.pipeline import PassContext
 
     c = np.arange(20.0)
     with gc.Graph() as g:

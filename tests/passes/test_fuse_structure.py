@@ -12,8 +12,8 @@ import numpy as np
 import gradcompiler as gc
 from gradcompiler.ops.linalg import MatrixMul
 from gradcompiler.ops.shape import Broadcast, Transpose
-from passes.fuse import RECOMPUTE_LIMIT, FusedLibrary, FusedLoop
-from passes.pipeline import optimize
+from gradcompiler.passes.fuse import RECOMPUTE_LIMIT, FusedLibrary, FusedLoop
+from gradcompiler.passes.pipeline import optimize
 
 
 def fused(outputs):

@@ -12,9 +12,9 @@ from helpers import captured_values, mlp_step
 import gradcompiler as gc
 from gradcompiler.bench import workloads
 from gradcompiler.errors import GraphError
-from passes.groups import FusionGroup, FusionPlan
-from passes.memory import plan_memory, singleton_plan, unfused_peak_bytes
-from passes.pipeline import UNFUSED_PIPELINE, optimize
+from gradcompiler.passes.groups import FusionGroup, FusionPlan
+from gradcompiler.passes.memory import plan_memory, singleton_plan, unfused_peak_bytes
+from gradcompiler.passes.pipeline import UNFUSED_PIPELINE, optimize
 
 F64 = 8
 

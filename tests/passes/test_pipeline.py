@@ -9,7 +9,7 @@ import gradcompiler as gc
 from gradcompiler.errors import GraphError
 from gradcompiler.ops.elemwise import Elemwise
 from gradcompiler.reference import run_graph
-from passes.pipeline import (
+from gradcompiler.passes.pipeline import (
     CSE,
     DEFAULT_PIPELINE,
     PRUNE,

@@ -6,7 +6,7 @@ import numpy as np
 
 import gradcompiler as gc
 from gradcompiler.reference import run_graph
-from passes.pipeline import PRUNE, optimize
+from gradcompiler.passes.pipeline import PRUNE, optimize
 
 
 def test_prune_drops_what_no_output_needs(rng):

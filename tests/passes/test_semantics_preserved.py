@@ -14,7 +14,7 @@ from gradcompiler.ops.linalg import BatchedMatrixMul, MatrixMul
 from gradcompiler.ops.shape import Transpose
 from gradcompiler.ops.source import Placeholder
 from gradcompiler.reference import run_graph
-from passes.pipeline import optimize
+from gradcompiler.passes.pipeline import optimize
 
 INPUTS = {"x": (3, 4), "v": (4,), "c": (3, 1), "m": (4, 3)}
 

@@ -16,8 +16,8 @@ from gradcompiler.ops.reduce import ReduceTo
 from gradcompiler.ops.shape import AddAxis, Broadcast, FastpathCopy, Reshape, Transpose
 from gradcompiler.ops.source import Placeholder
 from gradcompiler.reference import run_graph
-from passes.pipeline import SIMPLIFY, optimize
-from passes.simplify import REWRITES, rewrite
+from gradcompiler.passes.pipeline import SIMPLIFY, optimize
+from gradcompiler.passes.simplify import REWRITES, rewrite
 
 
 def simplified(outputs, assume_finite=False):

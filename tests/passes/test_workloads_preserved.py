@@ -8,7 +8,7 @@ import pytest
 
 from gradcompiler.bench import workloads
 from gradcompiler.reference import run_graph
-from passes.pipeline import optimize
+from gradcompiler.passes.pipeline import optimize
 
 
 @pytest.mark.parametrize("name", workloads.NAMES)

@@ -12,7 +12,7 @@ import pytest
 import gradcompiler as gc
 from gradcompiler.errors import GraphError, NotDifferentiableError
 from gradcompiler.ops.linalg import MatrixMul
-from passes.autodiff import differentiate
+from gradcompiler.passes.autodiff import differentiate
 
 
 @pytest.fixture
