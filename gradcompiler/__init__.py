@@ -30,8 +30,9 @@ from .frontend import Tensor, apply, constant  # noqa: F401
 from .ir import Graph, TensorType, verify  # noqa: F401
 from .reference import evaluate  # noqa: F401
 
-from .api import grad, hvp, vjp  # noqa: E402,F401
+from .api import grad, hessian, hvp, jacobian, jvp, vjp  # noqa: E402,F401
 from .gradcheck import check_grads  # noqa: E402,F401
+from .custom import custom_gradient  # noqa: E402,F401
 from .dot import to_dot  # noqa: E402,F401
 from .compile import cache_info, clear_cache, compile  # noqa: E402,F401,A004
 

@@ -1,16 +1,21 @@
-"""The public entry points that run passes: `grad`, `vjp`, `hvp` (and, in
-`compile.py`, `compile`). They translate Tensors to node ids and back; the
-work is done by `gradcompiler.passes.autodiff`.
+"""The public entry points that run passes: `grad`, `vjp`, `hvp`, `jvp`, `jacobian`,
+`hessian` (and, in `compile.py`, `compile`). They translate Tensors to node ids and back;
+the work is done by `gradcompiler.passes.autodiff` and `gradcompiler.passes.forward`.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from gradcompiler.passes.autodiff import differentiate, seed_cotangent
+from gradcompiler.passes.forward import jvp as forward_mode
 
 from .errors import GraphError, NotDifferentiableError
-from .frontend.tensor import Tensor
+from .frontend.shapes import concat
+from .frontend.sources import zeros
+from .frontend.tensor import Tensor, constant
 from .ir import call_site
 
 
@@ -79,3 +84,87 @@ def hvp(loss: Tensor, wrt, vectors):
         dot = term if dot is None else dot + term
     result = grad(dot, wrts, disconnected="zero")
     return result[0] if single else result
+
+
+def _as_tensor_like(value, like: Tensor) -> Tensor | None:
+    """A tangent or vector given as an array becomes a constant of `like`'s graph and dtype."""
+    if value is None or isinstance(value, Tensor):
+        return value
+    return constant(np.asarray(value, dtype=like.dtype), like.dtype, like.graph)
+
+
+def jvp(outputs, wrt, tangents):
+    """Jacobian-vector product: the tangent of each output along `tangents` (one per `wrt`,
+    of its shape and dtype; a Tensor or an array; None for no tangent), built as graph nodes
+    by linearising and transposing reverse mode (`gradcompiler.passes.forward`)."""
+    outs, single = _as_list(outputs)
+    wrts, _ = _as_list(wrt)
+    tans = [tangents] if not isinstance(tangents, (list, tuple)) else list(tangents)
+    if len(tans) == len(wrts):
+        tans = [_as_tensor_like(v, w) for v, w in zip(tans, wrts)]
+    _check_matching(wrts, tans, "wrt tensor", "tangent")
+    graph = _same_graph(outs + wrts + [v for v in tans if v is not None])
+    ids = forward_mode(graph, [o.id for o in outs], [w.id for w in wrts],
+                       [v.id if v is not None else None for v in tans])
+    result = [Tensor(graph, i) for i in ids]
+    return result[0] if single else result
+
+
+def jacobian(output: Tensor, wrt, mode: str = "auto"):
+    """The dense Jacobian d output / d wrt, of shape output.shape + w.shape for each `wrt`.
+
+    Reverse mode builds one VJP per output element, forward mode one JVP per input
+    element; "auto" takes the one that needs fewer (output.size against the total size of
+    `wrt`). Each product is a copy of the differentiated graph, so this is for small
+    functions; a product with a vector (vjp, jvp, hvp) is what scales.
+    """
+    if mode not in ("auto", "reverse", "forward"):
+        raise ValueError("jacobian: mode must be 'auto', 'reverse' or 'forward'")
+    if not isinstance(output, Tensor):
+        raise TypeError(f"jacobian: output must be a Tensor, not {type(output).__name__}")
+    wrts, single = _as_list(wrt)
+    if mode == "auto":
+        mode = "reverse" if output.size <= sum(w.size for w in wrts) else "forward"
+    blocks = _jacobian_rows(output, wrts) if mode == "reverse" else _jacobian_columns(output, wrts)
+    return blocks[0] if single else blocks
+
+
+def _basis(k: int, like: Tensor) -> Tensor:
+    """The k-th one-hot tensor of `like`'s shape and dtype, as a constant."""
+    value = np.zeros(like.size, dtype=like.dtype)
+    value[k] = 1
+    return constant(value.reshape(like.shape), like.dtype, like.graph)
+
+
+def _jacobian_rows(output: Tensor, wrts: list[Tensor]) -> list[Tensor]:
+    rows: list[list[Tensor]] = [[] for _ in wrts]
+    for k in range(output.size):
+        grads = vjp(output, wrts, _basis(k, output), disconnected="zero")
+        for w_rows, g, w in zip(rows, grads, wrts):
+            w_rows.append(g.reshape(1, w.size))
+    return [_stack(w_rows, output.size, w.size, output, 0).reshape(output.shape + w.shape)
+            for w_rows, w in zip(rows, wrts)]
+
+
+def _jacobian_columns(output: Tensor, wrts: list[Tensor]) -> list[Tensor]:
+    blocks = []
+    for w in wrts:
+        columns = [jvp(output, w, _basis(j, w)).reshape(output.size, 1) for j in range(w.size)]
+        blocks.append(_stack(columns, output.size, w.size, output, 1).reshape(output.shape + w.shape))
+    return blocks
+
+
+def _stack(parts: list[Tensor], rows: int, columns: int, like: Tensor, axis: int) -> Tensor:
+    if not parts:  # an empty output or wrt: an empty block
+        with like.graph:
+            return zeros((rows, columns), like.dtype)
+    return parts[0] if len(parts) == 1 else concat(parts, axis)
+
+
+def hessian(loss: Tensor, wrt):
+    """The dense Hessian of a scalar `loss`: forward mode over the reverse-mode gradient.
+    One wrt Tensor: a Tensor of shape w.shape + w.shape; a list: H[a][b] blocks."""
+    wrts, single = _as_list(wrt)
+    grads = grad(loss, wrts, disconnected="zero")
+    blocks = [[jacobian(g, w, mode="forward") for w in wrts] for g in grads]
+    return blocks[0][0] if single else blocks

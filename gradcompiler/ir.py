@@ -164,6 +164,7 @@ class Graph:
         self.nx = nx.MultiDiGraph()
         self.outputs: list[int] = []
         self.feed_names: dict[str, int] = {}
+        self.scopes: dict[int, str] = {}  # node id -> the labelled composite that built it
         self._next_id = 0
         self._context: list[_BuildContext] = [_BuildContext("forward", None, None)]
 
@@ -185,6 +186,22 @@ class Graph:
 
             def __exit__(self_inner, *exc):
                 graph._context.pop()
+
+        return _Scope()
+
+    def scope(self, label: str):
+        """Context whose new nodes belong to the composite `label` (a custom gradient's
+        forward): dumps draw them as one cluster. Nested scopes keep the innermost label."""
+        graph = self
+
+        class _Scope:
+            def __enter__(self_inner):
+                self_inner.start = graph._next_id
+
+            def __exit__(self_inner, *exc):
+                for node_id in range(self_inner.start, graph._next_id):
+                    if node_id in graph.nodes:
+                        graph.scopes.setdefault(node_id, label)
 
         return _Scope()
 
@@ -298,6 +315,7 @@ class Graph:
         clone.nx = self.nx.copy()
         clone.outputs = list(self.outputs)
         clone.feed_names = dict(self.feed_names)
+        clone.scopes = dict(self.scopes)
         clone._next_id = self._next_id
         return clone
 

@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Sequence
 
 from gradcompiler.errors import GraphError
 from gradcompiler.ir import Graph, verify
+from gradcompiler.ops.custom import CustomGradient
 from gradcompiler.units import format_bytes
 
 from . import constant_fold, cse, fuse, memory, prune, simplify
@@ -159,11 +160,21 @@ def optimize(
             raise GraphError(f"output %{o} is not a node of graph '{graph.name}'")
     work = graph.copy()
     work.outputs = [int(o) for o in outputs]
+    inline_custom_gradients(work)
     ctx = PassContext(debug=debug or debug_from_env(), assume_finite=assume_finite)
     chosen = [as_pass(p) for p in (DEFAULT_PIPELINE if passes is None else passes)]
     for p in _with_extras(chosen, [as_pass(p) for p in extra_passes]):
         run_pass(p, work, ctx)
     return work, ctx
+
+
+def inline_custom_gradients(graph: Graph) -> None:
+    """Replace every CustomGradient node by its forward value. The node only tells the
+    differentiation pass, which has run, where a user's backward applies; removed before any
+    pass, it costs no pipeline (a user's own included) anything to know of it."""
+    for node in [n for n in graph.nodes.values() if isinstance(n.op, CustomGradient)]:
+        graph.replace_uses(node.id, node.inputs[-1])
+        graph.remove([node.id])
 
 
 def format_stats(ctx: PassContext) -> str:

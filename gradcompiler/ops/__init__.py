@@ -8,7 +8,7 @@ explicit non-differentiable mark.
 from __future__ import annotations
 
 from ..ir import Op
-from . import elemwise, indexing, linalg, reduce, shape, source, vision  # noqa: F401
+from . import custom, elemwise, indexing, linalg, reduce, shape, source, vision  # noqa: F401
 
 
 def all_op_classes() -> list[type[Op]]:
