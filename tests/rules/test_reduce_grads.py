@@ -2,7 +2,8 @@
 ReduceTo against float64 finite differences (op-reference §3.2, §3.3, §1.2).
 
 The data is tie-free (distinct magnitudes) and has no zeros, so MAX/MIN pick
-one element and PRODUCT's g·y/x is defined.
+one element; PRODUCT at zeros and MAX/MIN at ties have their own tests, with
+numpy oracles written here.
 """
 
 from __future__ import annotations
@@ -107,3 +108,54 @@ def test_reduce_to(shape, target, graph, rng):
     y = gc.reduce_to(x, target)
     assert_grads(y, [x], feeds)
     gc.check_grads(y * y, [x], feeds, order=2)
+
+
+def product_of_others(xv, axis, keepdims):
+    """numpy oracle for d prod(x, axis)/dx: each element's group product with that element
+    replaced by 1, one element at a time."""
+    out = np.empty_like(xv)
+    for i in np.ndindex(xv.shape):
+        ones_at_i = xv.copy()
+        ones_at_i[i] = 1.0
+        out[i] = np.broadcast_to(np.prod(ones_at_i, axis=axis, keepdims=True), xv.shape)[i]
+    return out
+
+
+def with_zeros(rng, shape):
+    """Tie-free values with zeros planted: one group per reduction holds one zero, another two."""
+    xv = tie_free(rng, shape).astype(np.float64)
+    xv.flat[[0, 5, 7, 13]] = 0.0
+    return xv
+
+
+@pytest.mark.parametrize("values, want", [([0.0, 2.0, 3.0], [6.0, 0.0, 0.0]),
+                                          ([0.0, 2.0, 0.0], [0.0, 0.0, 0.0]),
+                                          (0.0, 1.0), ([0.0], [1.0])], ids=str)
+def test_product_gradient_where_an_input_is_zero(values, want, graph):
+    xv = np.array(values)
+    x = gc.input("x", xv.shape, "float64")
+    np.testing.assert_array_equal(gc.evaluate(gc.grad(gc.prod(x), x), x=xv), want)
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("axis", AXES, ids=str)
+def test_product_gradient_with_zeros_is_the_product_of_the_others(axis, keepdims, graph, rng):
+    xv = with_zeros(rng, (2, 3, 4))
+    x = gc.input("x", (2, 3, 4), "float64")
+    w = gc.input("w", gc.prod(x, axis, keepdims).shape, "float64")
+    wv = tie_free(rng, w.shape).astype(np.float64)
+    got = gc.evaluate(gc.grad((gc.prod(x, axis, keepdims) * w).sum(), x), x=xv, w=wv)
+    axes = None if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+    g = wv if keepdims or axes is None else np.expand_dims(wv, axes)
+    np.testing.assert_allclose(got, g * product_of_others(xv, axes, keepdims), rtol=1e-12)
+
+
+@pytest.mark.parametrize("axis", [None, 1, (0, 2)], ids=str)
+@pytest.mark.parametrize("zeros", [0, 1, 2])
+def test_product_second_order_with_and_without_zeros(axis, zeros, graph, rng):
+    xv = tie_free(rng, (2, 3, 4)).astype(np.float64)
+    xv.flat[[0, 13][:zeros]] = 0.0  # flat 0 and 13 share the (0, 2) group and the full one
+    x = gc.input("x", (2, 3, 4), "float64")
+    w = gc.input("w", gc.prod(x, axis).shape, "float64")
+    feeds = {"x": xv, "w": tie_free(rng, w.shape).astype(np.float64)}
+    gc.check_grads((gc.prod(x, axis) * w).sum(), [x, w], feeds, order=2)
