@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ..frontend.math import elemwise
+from ..frontend.math import cast, equal, maximum, reduce, where
 from ..frontend.shapes import broadcast_to, concat, expand_dims, reshape, transpose
 from ..frontend.sources import full
 from ..ops.reduce import Reduce
@@ -92,7 +92,14 @@ def reduce_generic(node, g, needs_grad):
         if math.prod(x_type.shape[a] for a in axes) <= 1:
             return [broadcast_to(gk, x_type.shape)]  # each element's others: the empty product
         return [gk * _product_of_others(x, axes)]
-    yk = _keepdims(node.output, node)
-    if mode == "MAX":
-        return [elemwise("COND_LEQ_MOV", yk, x, gk)]
-    return [elemwise("COND_LEQ_MOV", x, yk, gk)]  # MIN
+    return [_split_among_ties(x, _keepdims(node.output, node), gk, node.op)]  # MAX, MIN
+
+
+def _split_among_ties(x, yk, gk, op):
+    """g·(x == y) / count(x == y): each group's gradient shared evenly by the elements
+    that attain its extreme, so it sums to g (a subgradient). Where y is NaN no element
+    equals it and the group passes no gradient; the count is floored at 1 so that case
+    divides 0 by 1 rather than making an inf."""
+    attains = equal(x, yk)
+    count = reduce("SUM", cast(attains, x.dtype), op.axes, keepdims=True)
+    return where(attains, gk, 0) / maximum(count, 1)

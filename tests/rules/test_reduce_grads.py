@@ -74,13 +74,42 @@ def test_full_reduction_gradients_by_hand(graph, rng):
     np.testing.assert_allclose(got["SUM_SQR"], 2 * xv)
 
 
-def test_max_min_ties_give_every_tied_element_the_gradient(graph):
-    # op-reference §3.3: every tied element gets the full g (not split)
-    x = gc.input("x", (2, 3), "float64")
-    xv = np.array([[1.0, 3.0, 3.0], [2.0, 0.5, 0.5]])
+def test_max_min_ties_split_the_gradient_evenly(graph):
+    x = gc.input("x", (2, 4), "float64")
+    xv = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 0.5, 0.5, 0.5]])
     dmax, dmin = gc.evaluate([gc.grad(x.max(axis=1).sum(), x), gc.grad(x.min(axis=1).sum(), x)], x=xv)
-    np.testing.assert_array_equal(dmax, [[0, 1, 1], [1, 0, 0]])
-    np.testing.assert_array_equal(dmin, [[1, 0, 0], [0, 1, 1]])
+    np.testing.assert_array_equal(dmax, [[0, 0.5, 0.5, 0], [1, 0, 0, 0]])
+    np.testing.assert_array_equal(dmin, [[0, 0, 0, 1], [0, 1 / 3, 1 / 3, 1 / 3]])
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("axis", AXES, ids=str)
+@pytest.mark.parametrize("mode", ["MAX", "MIN"])
+def test_max_min_ties_over_any_axes(mode, axis, keepdims, graph, rng):
+    # values on a grid of 3, so most groups hold ties; the oracle shares g among them
+    xv = rng.integers(0, 3, (2, 3, 4)).astype(np.float64)
+    x = gc.input("x", (2, 3, 4), "float64")
+    y = gc.reduce(mode, x, axis, keepdims)
+    w = gc.input("w", y.shape, "float64")
+    wv = tie_free(rng, w.shape).astype(np.float64)
+    got = gc.evaluate(gc.grad((y * w).sum(), x), x=xv, w=wv)
+    axes = None if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+    g = wv if keepdims or axes is None else np.expand_dims(wv, axes)
+    attains = xv == (xv.max if mode == "MAX" else xv.min)(axis=axes, keepdims=True)
+    np.testing.assert_allclose(got, g * attains / attains.sum(axis=axes, keepdims=True), rtol=1e-15)
+    # each group's gradient sums to its g: a subgradient
+    np.testing.assert_allclose(got.sum(axis=axes, keepdims=True), np.broadcast_to(g, attains.sum(
+        axis=axes, keepdims=True).shape), rtol=1e-15)
+
+
+@pytest.mark.parametrize("mode", ["MAX", "MIN"])
+def test_max_min_of_a_nan_group_pass_no_gradient_and_make_no_inf(mode, graph):
+    # numpy's max of a group with a NaN is NaN; no element equals it, so no element gets g,
+    # while the NaN-free row keeps its split
+    xv = np.array([[1.0, np.nan, 1.0], [2.0, 2.0, 0.0 if mode == "MAX" else 4.0]])
+    x = gc.input("x", (2, 3), "float64")
+    got = gc.evaluate(gc.grad(gc.reduce(mode, x, 1).sum(), x), x=xv)
+    np.testing.assert_array_equal(got, [[0, 0, 0], [0.5, 0.5, 0]])
 
 
 def test_sum_over_an_empty_axis_has_a_zero_gradient_of_the_input_shape(graph):
