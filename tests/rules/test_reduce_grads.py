@@ -77,7 +77,8 @@ def test_full_reduction_gradients_by_hand(graph, rng):
 def test_max_min_ties_split_the_gradient_evenly(graph):
     x = gc.input("x", (2, 4), "float64")
     xv = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 0.5, 0.5, 0.5]])
-    dmax, dmin = gc.evaluate([gc.grad(x.max(axis=1).sum(), x), gc.grad(x.min(axis=1).sum(), x)], x=xv)
+    grads = [gc.grad(x.max(axis=1).sum(), x), gc.grad(x.min(axis=1).sum(), x)]
+    dmax, dmin = gc.evaluate(grads, x=xv)
     np.testing.assert_array_equal(dmax, [[0, 0.5, 0.5, 0], [1, 0, 0, 0]])
     np.testing.assert_array_equal(dmin, [[0, 0, 0, 1], [0, 1 / 3, 1 / 3, 1 / 3]])
 
