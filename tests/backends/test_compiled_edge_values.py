@@ -94,3 +94,29 @@ def test_matmul_with_an_empty_dim_and_its_gradients(a_shape, b_shape, target, rn
     want = [np.matmul(av, bv) + 1.0, sum_to(np.matmul(wv, np.swapaxes(bv, -1, -2)), a_shape),
             sum_to(np.matmul(np.swapaxes(av, -1, -2), wv), b_shape)]
     assert_all_close(run(outs, {"a": av, "b": bv, "w": wv}, target), want)
+
+
+# -- an elementwise op on a 0-d gather with a Tensor index ------------------------------------
+
+GATHER_CASES = {
+    "negate": (lambda x, x2, t: -x[t], lambda xv, x2v, t: -xv[t]),
+    "exp": (lambda x, x2, t: gc.exp(x[t]), lambda xv, x2v, t: np.exp(xv[t])),
+    "scale": (lambda x, x2, t: x[t] * 2.0, lambda xv, x2v, t: xv[t] * 2.0),
+    "negate_2d": (lambda x, x2, t: -x2[t, t], lambda xv, x2v, t: -x2v[t, t]),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", list(GATHER_CASES))
+def test_elementwise_op_on_a_0d_gather_with_a_tensor_index(case, target):
+    # the op runs as the gather's epilogue, a rank-0 loop that updates the gathered value in
+    # place: the CPU kernel once stored a variable it never computed
+    build, oracle = GATHER_CASES[case]
+    xv, x2v = np.array([1.5, -2.0, 3.0]), np.arange(9.0).reshape(3, 3) - 4.0
+    with gc.Graph("gather0d"):
+        x, x2 = gc.input("x", (3,), "float64"), gc.input("x2", (3, 3), "float64")
+        t = gc.input("t", (), "int64")
+        out = build(x, x2, t)
+    for tv in (0, 2):
+        got = run([out], {"x": xv, "x2": x2v, "t": np.array(tv)}, target)
+        assert_all_close(got, [np.asarray(oracle(xv, x2v, tv))], rtol=1e-15)
