@@ -120,3 +120,25 @@ def test_elementwise_op_on_a_0d_gather_with_a_tensor_index(case, target):
     for tv in (0, 2):
         got = run([out], {"x": xv, "x2": x2v, "t": np.array(tv)}, target)
         assert_all_close(got, [np.asarray(oracle(xv, x2v, tv))], rtol=1e-15)
+
+
+# -- softmax over a zero-length axis -------------------------------------------------------------
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape, axis", [((3, 0), -1), ((0, 4), 0), ((0, 0, 2), 1)], ids=str)
+def test_softmax_over_a_zero_length_axis_is_empty(shape, axis, target):
+    # softmax and log_softmax over an empty axis, and their gradients; where the other axes
+    # are empty too, a MAX over the empty axis (its result is empty) and its gradient
+    with gc.Graph("empty_softmax"):
+        x = gc.input("x", shape, "float64")
+        s, ls = gc.softmax(x, axis), gc.log_softmax(x, axis)
+        loss = (s * 2.0).sum() + ls.sum()
+        outs = [s, ls]
+        if 0 in shape[:axis % len(shape)]:
+            m = gc.max(x, axis)
+            outs.append(m)
+            loss = loss + m.sum()
+        outs.append(gc.grad(loss, x))
+    want = [np.zeros(o.shape) for o in outs]
+    assert all(0 in o.shape for o in outs)
+    assert_all_close(run(outs, {"x": np.zeros(shape)}, target), want)
