@@ -17,7 +17,10 @@ __all__ = ["softmax", "log_softmax", "cross_entropy", "layer_norm", "gelu_tanh",
 
 
 def _shift(x: Tensor, axis: int) -> Tensor:
-    """x minus its (gradient-free) max along axis: the stable exponent."""
+    """x minus its (gradient-free) max along axis: the stable exponent. Along a
+    zero-length axis there is no max and nothing to shift: the result is empty."""
+    if -x.ndim <= axis < x.ndim and x.shape[axis] == 0:
+        return x
     return x - stop_gradient(reduce("MAX", x, axis, keepdims=True))
 
 

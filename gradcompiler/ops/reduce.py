@@ -9,6 +9,7 @@ sum over the dims that broadcasting created, the inverse of `Broadcast`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,14 +48,19 @@ class Reduce(Op):
         if x.dtype == np.bool_:
             raise DTypeError("cannot reduce a bool tensor; cast it first", op=self.label)
         axes = self.reduced_axes(x.ndim)
-        if self.mode in ("MAX", "MIN", "SUM_SQR") and any(x.shape[a] == 0 for a in axes):
-            raise self.shape_error(f"cannot reduce an empty axis of shape {x.shape}")
         if self.axes is None:
-            return TensorType((), x.dtype)
-        if self.keepdims:
+            shape = ()
+        elif self.keepdims:
             shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
         else:
             shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        # an extreme of no elements has no value (numpy raises too); an empty result
+        # asks for none, so it is no error (softmax over an empty batch)
+        empty_axes = [a for a in axes if x.shape[a] == 0]
+        if self.mode in ("MAX", "MIN", "SUM_SQR") and empty_axes and math.prod(shape):
+            raise self.shape_error(
+                f"cannot reduce the empty axis {empty_axes[0]} of shape {x.shape}: the result "
+                f"{shape} would hold {self.mode} of no elements")
         return TensorType(shape, x.dtype)
 
     def reference(self, x: np.ndarray) -> np.ndarray:
@@ -65,6 +71,10 @@ class Reduce(Op):
                 out = np.sum(x, axis=axis, keepdims=keep, dtype=x.dtype)
             elif self.mode == "MEAN":
                 out = np.mean(x, axis=axis, keepdims=keep, dtype=x.dtype)
+            elif self.mode in ("MAX", "MIN") and x.size == 0:
+                # only an empty result gets here (infer refuses the rest); numpy refuses any
+                # zero-size max, empty result or not
+                out = np.empty(self.infer(TensorType(x.shape, x.dtype)).shape, x.dtype)
             elif self.mode == "MAX":
                 out = np.max(x, axis=axis, keepdims=keep)
             elif self.mode == "MIN":

@@ -113,6 +113,19 @@ def test_empty_reduction_without_identity_is_a_build_error(mode, graph):
     assert gc.reduce(mode, x, 1).shape == (0,)
 
 
+@pytest.mark.parametrize("mode", ["MAX", "MIN", "SUM_SQR"])
+def test_empty_reduction_with_an_empty_result_is_empty(mode, graph):
+    # no output element asks for a value of no elements, so there is nothing to refuse
+    x = gc.input("x", (0, 0, 2), "float64")
+    outs = [gc.reduce(mode, x, 1), gc.reduce(mode, x, 0, keepdims=True)]
+    assert [o.shape for o in outs] == [(0, 2), (1, 0, 2)]
+    got = gc.evaluate(outs, x=np.zeros((0, 0, 2)))
+    assert [(g.shape, g.dtype) for g in got] == [((0, 2), np.float64), ((1, 0, 2), np.float64)]
+    # the result (2,) would hold values of no elements: an error naming the op and the shape
+    with pytest.raises(ShapeError, match=f"Reduce {mode}.*empty axis 0 of shape \\(0, 0, 2\\)"):
+        gc.reduce(mode, x, (0, 1))
+
+
 def test_reduce_errors(graph):
     x = gc.input("x", (2, 3))
     with pytest.raises(ShapeError, match="axis 2 is out of range"):

@@ -339,8 +339,15 @@ class _Writer:
         self.emit(2, f"{_at(f'p{plan.red.param}', f't{r}')} = {self._finalised(plan, f'b{r}')}")
 
     def _scalar_kernel(self) -> None:
-        """A rank-0 domain: straight-line code."""
+        """A rank-0 domain: straight-line code, every instruction in order.
+
+        Not only the hoisted ones: a load of a buffer the kernel writes (an epilogue
+        updating a 0-d library output in place, `-x[t]`) sits at level 0, the body of a
+        loop that a rank-0 domain does not have.
+        """
         (phase,) = self.kernel.phases
+        for instr in phase.instrs:
+            self._instr(1, instr)
         for store in phase.stores:
             self.emit(1, f"{_at(f'p{store.param}', '0')} = v{store.var}")
         for red in phase.reductions:
@@ -353,7 +360,6 @@ class _Writer:
         options = "cache=True, nogil=True, error_model='numpy', boundscheck=False, fastmath=" + flags
         functions: list[str] = []
         if self.rank == 0:
-            self._hoisted(1)
             self._scalar_kernel()
             self.emit(1, "return None")
         else:

@@ -11,6 +11,8 @@ zeros, as numpy does.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...ops.linalg import BatchedMatrixMul, MatrixMul
@@ -18,8 +20,9 @@ from .library import LibraryKernel, library_kernel
 
 
 def _flat2d(x: np.ndarray) -> np.ndarray:
-    """Leading dims folded into rows (a view when x is contiguous)."""
-    return x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
+    """Leading dims folded into rows (a view when x is contiguous). The row count is
+    spelled out: numpy cannot infer a -1 beside a zero-length last dim."""
+    return x if x.ndim == 2 else x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
 @library_kernel.register
