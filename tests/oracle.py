@@ -60,11 +60,13 @@ def assert_close(got, want, *, rtol: float, scaled_atol: float | None = None, at
         bound = bound + np.asarray(tolerance)
     with np.errstate(invalid="ignore"):
         error = np.where(finite, np.abs(got.astype(np.float64) - want), 0.0)
-    excess = np.where(finite, error - bound, -np.inf)
-    if excess.size and excess.max() > 0:
-        i = _index(np.argmax(excess), want.shape)
-        count = int(np.count_nonzero(excess > 0))
+        failing = finite & ~(error <= bound)  # a NaN bound fails too
+    if failing.any():
+        i = _index(np.argmax(np.where(failing, np.nan_to_num(error - bound, nan=np.inf), -np.inf)),
+                   want.shape)
+        count = int(np.count_nonzero(failing))
         raise AssertionError(
             f"{label}{count} of {want.size} elements out of tolerance; worst at {i}: "
-            f"expected {want[i].item()!r}, got {got[i].item()!r}, |error| {error[i]:.3e} > {bound[i]:.3e} "
+            f"expected {want[i].item()!r}, got {got[i].item()!r}, "
+            f"|error| {error[i]:.3e} > {bound[i]:.3e} "
             f"(rtol {rtol:g}, scaled_atol {scaled_atol:g}, atol {atol:g})")

@@ -62,3 +62,5 @@ def test_a_per_element_tolerance_adds_to_the_bound():
     with pytest.raises(AssertionError, match="label x: 1 of 2"):
         assert_close(got, want, rtol=1e-6, label="label x")
     assert_close(got, want, rtol=1e-6, tolerance=np.array([0.02, 0.0]))
+    with pytest.raises(AssertionError, match=r"worst at \(0,\)"):  # a NaN bound is no bound
+        assert_close(got, want, rtol=1e-6, tolerance=np.array([np.nan, 0.0]))
