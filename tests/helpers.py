@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import gradcompiler as gc
 from gradcompiler.frontend.tensor import Tensor
 from gradcompiler.ir import Graph
+from gradcompiler.ops.elemwise import Elemwise
+from gradcompiler.rules import registry
 
 
 def captured_values(graph: Graph, backward_ids=None) -> set[int]:
@@ -40,6 +42,20 @@ def assert_grads(out, wrt, feeds, order: int = 1) -> None:
     grads = gc.grad(out.sum(), wrt)
     for g, w, value in zip(grads, wrt, gc.evaluate(grads, feeds)):
         assert g.type == w.type and value.shape == w.shape and value.dtype == w.dtype
+
+
+def break_elemwise_rule(monkeypatch, mode: str, factor: float) -> None:
+    """Register, for this test only, an Elemwise rule whose gradients for `mode` are `factor`
+    times the right ones: the mutation that every gradient oracle must be shown to catch."""
+    generic = registry.rule_of(Elemwise, generic=True)
+
+    def wrong(node, g, needs_grad):
+        grads = generic(node, g, needs_grad)
+        if grads is None or node.op.mode != mode:
+            return grads
+        return [None if d is None else d * factor for d in grads]
+
+    monkeypatch.setitem(registry._GENERIC, Elemwise, wrong)
 
 
 @dataclass

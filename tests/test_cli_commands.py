@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import textwrap
 
 import numpy as np
@@ -53,6 +54,18 @@ def test_dot_command_writes_a_dot_file_with_both_stages(build_file, tmp_path, ca
     forward = parsed.get_subgraph("cluster_forward")[0]
     assert len(forward.get_nodes()) == 5
     assert str(out) in capsys.readouterr().out
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is not installed here")
+def test_dot_command_renders_svg_with_graphviz(build_file, tmp_path):
+    """The rendering path itself (.ci/run installs Graphviz so it runs in CI): an SVG that
+    draws the graph's ops, and no .dot left beside it."""
+    out = tmp_path / "model.svg"
+    assert cli.main(["dot", str(build_file), "--stage", "backward", "-o", str(out)]) == 0
+    svg = out.read_text(encoding="utf-8")
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    assert "MatrixMul" in svg and "Elemwise TANH" in svg
+    assert not (tmp_path / "model.dot").exists()
 
 
 def test_dot_command_forward_stage_and_another_function_to_stdout(build_file, capsys):

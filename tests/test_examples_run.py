@@ -72,7 +72,11 @@ def test_spatial_transformer_recovers_the_matrix():
     example = _example("spatial_transformer")
     result = example.main(steps=150, batch=4, channels=1, size=16, verbose=False)
     truth, found = result["true_matrix"], result["recovered_matrix"]
-    np.testing.assert_allclose(truth, example.true_matrix(16))
+    # the truth is 1.05 × a 6° rotation about the centre (7.5, 7.5), then a shift of (1.5, -1)
+    linear = truth[:, :2].astype(np.float64)
+    np.testing.assert_allclose(linear @ linear.T, 1.05**2 * np.eye(2), atol=1e-6)
+    assert np.degrees(np.arctan2(linear[1, 0], linear[0, 0])) == pytest.approx(6.0, abs=1e-4)
+    np.testing.assert_allclose(truth @ np.array([7.5, 7.5, 1.0]), [9.0, 6.5], atol=1e-5)
     start_error = np.abs(truth - np.array([[1, 0, 0], [0, 1, 0]])).max()
     assert start_error > 1.0  # the shift alone is 2 px: there was something to recover
     np.testing.assert_allclose(found[:, :2], truth[:, :2], atol=0.01)

@@ -18,6 +18,7 @@ import pytest
 
 import gradcompiler as gc
 from gradcompiler.errors import BackendUnavailableError, FeedError, IndexOutOfRangeError
+from oracle import assert_close
 
 TARGETS = ["reference", "cpu", "cuda"]
 
@@ -300,11 +301,12 @@ def test_warp_matrix_with_non_finite_or_huge_values(target, name):
     mat = np.array([NON_FINITE[name]], np.float32)
     src = np.arange(9, dtype=np.float32).reshape(1, 3, 3, 1)
     out, dsrc, dmat = program("warp_affine", target)(src=src, mat=mat)
-    want = reflect_warp_oracle(src[0, :, :, 0], mat[0].astype(np.float64), (2, 2))
-    np.testing.assert_allclose(out[0, :, :, 0], want, rtol=1e-5, atol=1e-5, equal_nan=True)
-    ref_out, ref_dsrc, ref_dmat = program("warp_affine", "reference")(src=src, mat=mat)
-    np.testing.assert_allclose(dsrc, ref_dsrc, rtol=1e-5, atol=1e-5, equal_nan=True)
-    np.testing.assert_allclose(dmat, ref_dmat, rtol=1e-5, atol=1e-5, equal_nan=True)
+    affine = np.concatenate([mat[0], [[0, 0, 1]]]).astype(np.float32)
+    want = warp_oracle(src[0, :, :, 0], affine, (2, 2), "reflect")
+    for label, value, oracle_value in (("out", out[0, :, :, 0], want[0]),
+                                       ("dsrc", dsrc[0, :, :, 0], want[1]),
+                                       ("dmat", dmat[0], want[2][:2])):
+        assert_close(value, oracle_value.astype(np.float32), rtol=1e-5, atol=1e-5, label=label)
 
 
 BAD_PERSPECTIVE = {
@@ -322,38 +324,68 @@ def test_constant_border_turns_bad_coordinates_into_border_val(target, name):
     mat = np.array([BAD_PERSPECTIVE[name]], np.float32)
     src = np.arange(9, dtype=np.float32).reshape(1, 1, 3, 3)
     out, dsrc = program("warp_constant", target)(src=src, mat=mat)
-    ref_out, ref_dsrc = program("warp_constant", "reference")(src=src, mat=mat)
-    assert np.isfinite(out).all() and np.isfinite(dsrc).all()
-    np.testing.assert_allclose(out, ref_out, rtol=1e-6)
-    np.testing.assert_allclose(dsrc, ref_dsrc, rtol=1e-6)
+    want_out, want_dsrc, _ = warp_oracle(src[0, 0], mat[0], (2, 2), "constant", border_val=0.5,
+                                         cotangent=lambda value: 1.0)
+    assert_close(out[0, 0], want_out.astype(np.float32), rtol=1e-6, label="out")
+    assert_close(dsrc[0, 0], want_dsrc.astype(np.float32), rtol=1e-6, label="dsrc")
 
 
-def reflect_warp_oracle(image: np.ndarray, m: np.ndarray, out_hw) -> np.ndarray:
-    """Per-pixel bilinear warp with the REFLECT border (op-reference §9.2), NaN for a
-    non-finite coordinate; taps far outside are folded with Python integers (no overflow)."""
+def warp_oracle(image: np.ndarray, mat: np.ndarray, out_hw, mode: str, border_val: float = 0.0,
+                cotangent=lambda value: 2 * value):
+    """Per-pixel bilinear warp of one single-channel image by a 3×3 float32 matrix (op-reference
+    §9.2, in float32 arithmetic), and the gradients of a loss whose derivative at an output
+    pixel is `cotangent(value)`: wrt the image (§9.4) and wrt the matrix (§9.5, skipping
+    non-finite terms). `mode` is "reflect" or "constant". A non-finite coordinate gives NaN
+    (border_val in CONSTANT) and no gradient; taps far outside are folded with Python
+    integers, which cannot overflow. As in every backend, the second tap is floor(xs) + 1 in
+    float32, so beyond 2**24 it is the first tap again and ∂out/∂xs is 0 there (§9.2's integer
+    x0 + 1 would differ). Returns (out, d image, d mat) in float64."""
     h, w = image.shape
+    m = [np.float32(v) for v in mat.reshape(9)]
 
-    def fold(p: int, n: int) -> int:
+    def tap(p: int, n: int) -> tuple[int, bool]:
+        if mode == "constant":
+            return min(max(p, 0), n - 1), 0 <= p < n
         p %= 2 * n
-        return p if p < n else 2 * n - 1 - p
+        return (p if p < n else 2 * n - 1 - p), True
 
-    out = np.empty(out_hw)
+    out, dimage, dmat = np.empty(out_hw), np.zeros(image.shape), np.zeros(9)
     for oh in range(out_hw[0]):
         for ow in range(out_hw[1]):
+            x, y = np.float32(ow), np.float32(oh)
             with np.errstate(all="ignore"):
-                xs = np.float32(m[0, 0] * ow + m[0, 1] * oh + m[0, 2])
-                ys = np.float32(m[1, 0] * ow + m[1, 1] * oh + m[1, 2])
+                den = m[6] * x + m[7] * y + m[8]
+                xs, ys = (m[0] * x + m[1] * y + m[2]) / den, (m[3] * x + m[4] * y + m[5]) / den
+            out[oh, ow] = border_val if mode == "constant" else np.nan
             if not (np.isfinite(xs) and np.isfinite(ys)):
-                out[oh, ow] = np.nan
                 continue
-            x0, y0 = int(np.floor(xs)), int(np.floor(ys))
-            ax, ay = float(xs) - x0, float(ys) - y0
-            value = 0.0
-            for dy, wy in ((0, 1 - ay), (1, ay)):
-                for dx, wx in ((0, 1 - ax), (1, ax)):
-                    value += wy * wx * image[fold(y0 + dy, h), fold(x0 + dx, w)]
+            x0, y0 = np.floor(xs), np.floor(ys)
+            ax, ay = float(xs - x0), float(ys - y0)
+            taps, values = [], []  # order (y0, x0), (y0, x0+1), (y0+1, x0), (y0+1, x0+1)
+            for y_tap, wy in ((y0, 1 - ay), (y0 + np.float32(1), ay)):
+                for x_tap, wx in ((x0, 1 - ax), (x0 + np.float32(1), ax)):
+                    (r, row_ok), (c, col_ok) = tap(int(y_tap), h), tap(int(x_tap), w)
+                    valid = row_ok and col_ok
+                    taps.append((r, c, wy * wx, valid))
+                    values.append(float(image[r, c]) if valid else border_val)
+            value = sum(t[2] * v for t, v in zip(taps, values))
+            if not np.isfinite(value):
+                continue
             out[oh, ow] = value
-    return out
+            g = cotangent(value)
+            for r, c, weight, valid in taps:
+                if valid:
+                    dimage[r, c] += weight * g
+            v00, v01, v10, v11 = values
+            d_xs = (1 - ay) * (v01 - v00) + ay * (v11 - v10)
+            d_ys = (1 - ax) * (v10 - v00) + ax * (v11 - v01)
+            xs, ys, den = float(xs), float(ys), float(den)
+            with np.errstate(all="ignore"):
+                terms = g * np.array([d_xs * ow, d_xs * oh, d_xs, d_ys * ow, d_ys * oh, d_ys,
+                                      -(d_xs * xs + d_ys * ys) * ow, -(d_xs * xs + d_ys * ys) * oh,
+                                      -(d_xs * xs + d_ys * ys)]) / den
+            dmat += np.where(np.isfinite(terms), terms, 0.0)
+    return out, dimage, dmat.reshape(3, 3)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -286,3 +286,32 @@ def test_a_dtype_the_target_cannot_compute_is_refused_when_compiling():
     with pytest.raises(DTypeError, match=r"cpu target cannot compute float16.*cast to float32") as info:
         gc.compile(y, target="cpu")
     assert info.value.site.startswith(HERE + ":")
+
+
+def test_compile_refuses_what_it_cannot_build():
+    """Each refusal is a GraphError at the caller's line, before any pass runs."""
+    with gc.Graph("one"):
+        x = gc.input("x", (3,))
+        out = gc.input("out", (3,))  # the CPU step's own keyword
+        host = gc.input("to_host", (3,))  # the CUDA step's own keyword
+    with gc.Graph("other"):
+        y = gc.exp(gc.input("y", (3,)))
+    cases = [([], "cpu", "non-empty list of Tensors"), ([x, "x"], "cpu", "non-empty list"),
+             ([gc.exp(x), y], "cpu", "all outputs must come from one graph"),
+             (out * 2.0, "cpu", "an input is named 'out'"),
+             (host * 2.0, "cuda", "an input is named 'to_host'")]
+    for outputs, target, message in cases:
+        with pytest.raises(GraphError, match=message) as info:
+            gc.compile(outputs, target=target)
+        assert info.value.site.startswith(HERE + ":"), message
+
+
+def test_check_grads_refuses_a_non_feed_and_an_unknown_order(rng):
+    with gc.Graph("check"):
+        x = gc.param("x", (3,), "float64")
+        y = gc.exp(x)
+        feeds = {"x": rng.standard_normal(3)}
+        with pytest.raises(GraphError, match="check_grads perturbs feeds"):
+            gc.check_grads(y.sum(), [y], feeds)
+        with pytest.raises(ValueError, match="order must be 1 or 2"):
+            gc.check_grads(y, [x], feeds, order=3)

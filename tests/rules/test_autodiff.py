@@ -226,6 +226,15 @@ def test_hessian_vector_product_of_a_small_mlp(graph, rng):
     gc.check_grads(loss, params, feeds, order=2)
 
 
+def test_hvp_of_a_single_tensor_is_a_tensor(graph, rng):
+    """f = Σ w·exp(w): f' = (1 + w)·exp(w), f'' = (2 + w)·exp(w), so H·v = (2 + w)·exp(w)·v."""
+    w, v = gc.param("w", (4,), "float64"), gc.input("v", (4,), "float64")
+    hv = gc.hvp((w * gc.exp(w)).sum(), w, v)
+    assert isinstance(hv, gc.Tensor) and hv.shape == (4,)
+    wv, vv = rng.standard_normal(4), rng.standard_normal(4)
+    np.testing.assert_allclose(gc.evaluate(hv, w=wv, v=vv), (2 + wv) * np.exp(wv) * vv, rtol=1e-14)
+
+
 def test_hvp_vectors_must_match_the_parameters(graph):
     w, b = gc.param("w", (3, 5), "float64"), gc.param("b", (5,), "float64")
     loss = (gc.tanh(w) * b).sum()

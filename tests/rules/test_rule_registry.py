@@ -17,6 +17,7 @@ from gradcompiler.ops.elemwise import Elemwise, StopGradient
 from gradcompiler.ops.source import Constant, Fill, Placeholder
 from gradcompiler.rules import registry
 from gradcompiler.rules.registry import grad_rule, has_rule, is_non_differentiable, rule_of
+from helpers import break_elemwise_rule
 
 OP_CLASSES = [c for c in all_op_classes() if not c.__name__.startswith("_")]
 
@@ -83,16 +84,24 @@ def test_a_rule_that_builds_a_wrongly_shaped_gradient_is_caught(monkeypatch):
 
 def test_check_grads_catches_a_wrong_rule(monkeypatch, rng):
     # the oracle every gradient test relies on must be able to fail: EXP's gradient off by 1%
-    generic = rule_of(Elemwise, generic=True)
-
-    def slightly_wrong(node, g, needs_grad):
-        grads = generic(node, g, needs_grad)
-        return [d * 1.01 for d in grads] if node.op.mode == "EXP" else grads
-
-    monkeypatch.setitem(registry._GENERIC, Elemwise, slightly_wrong)
+    break_elemwise_rule(monkeypatch, "EXP", 1.01)
     with gc.Graph("wrong_rule") as g:
         x = gc.input("x", (2, 3), "float64")
         y = gc.exp(x)
         with pytest.raises(AssertionError, match="MISMATCH"):
             gc.check_grads(y, [x], {"x": rng.standard_normal((2, 3))})
     gc.verify(g)
+
+
+def test_check_grads_order_2_catches_a_wrong_second_derivative(monkeypatch, rng):
+    """TANH's rule builds TANH_GRAD(y, g) = g·(1 − y²), a right first derivative; with the rule
+    of TANH_GRAD itself 1% off, only the derivative of that backward op is wrong, which
+    order 1 cannot see and order 2 must."""
+    break_elemwise_rule(monkeypatch, "TANH_GRAD", 1.01)
+    with gc.Graph("wrong_second_derivative"):
+        x = gc.input("x", (2, 3), "float64")
+        y = gc.tanh(x)
+        feeds = {"x": rng.standard_normal((2, 3))}
+        assert gc.check_grads(y, [x], feeds).ok
+        with pytest.raises(AssertionError, match="(?s)order 2.*MISMATCH"):
+            gc.check_grads(y, [x], feeds, order=2)
