@@ -88,6 +88,8 @@ class Tensor:
     def __rmul__(self, other): return _math().multiply(other, self)
     def __truediv__(self, other): return _math().divide(self, other)
     def __rtruediv__(self, other): return _math().divide(other, self)
+    def __floordiv__(self, other): return _math().floor_divide(self, other)
+    def __rfloordiv__(self, other): return _math().floor_divide(other, self)
     def __pow__(self, other): return _math().power(self, other)
     def __rpow__(self, other): return _math().power(other, self)
     def __matmul__(self, other): return _math().matmul(self, other)

@@ -66,6 +66,13 @@ _PARTIALS = {
     "SOFTPLUS": (lambda x, y, g: elemwise("SOFTPLUS_GRAD", x[0], g),),
     "SWITCH_GT0": (None, lambda x, y, g: elemwise("SWITCH_GT0", x[0], g)),
     "FUSE_MUL_ADD3": (lambda x, y, g: g * x[1], lambda x, y, g: g * x[0], lambda x, y, g: g),
+    # piecewise constant: zero gradient almost everywhere (torch's choice at the jumps too)
+    "FLOOR": (None,),
+    "CEIL": (None,),
+    "TRUNC": (None,),
+    "ROUND": (None,),
+    "SIGN": (None,),
+    "FLOOR_DIV": (None, None),
     "LT": (None, None),
     "LEQ": (None, None),
     "EQ": (None, None),
