@@ -52,7 +52,8 @@ CASES = {
     "TRUNC": (np.vectorize(math.trunc, otypes=[np.float64]), ("quarters",), False),
     "ROUND": (np.vectorize(round, otypes=[np.float64]), ("quarters",), False),  # half to even
     "SIGN": (lambda a: (a > 0).astype(a.dtype) - (a < 0), ("small",), True),
-    "FLOOR_DIV": (np.vectorize(lambda a, b: a // b, otypes=[np.float64]), ("quarters", "pos"), False),
+    "FLOOR_DIV": (np.vectorize(lambda a, b: a // b, otypes=[np.float64]), ("quarters", "pos"),
+                  False),
     "EXP": (np.exp, ("any",), False),
     "LOG": (np.log, ("pos",), False),
     "LOG1P": (lambda a: np.log(1.0 + a), ("gt-1",), False),

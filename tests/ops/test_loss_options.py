@@ -86,8 +86,10 @@ def test_cross_entropy_with_class_indices_matches_torch(data, reduction, weighte
            want, dict(z=data["z"], labels=data["labels"], w=data["w"]))
 
 
-@pytest.mark.parametrize("reduction, weighted, smoothing",
-                         list(itertools.product(("mean", "sum", "none"), (False, True), (0.0, 0.3))))
+PROBABILITY_OPTIONS = list(itertools.product(("mean", "sum", "none"), (False, True), (0.0, 0.3)))
+
+
+@pytest.mark.parametrize("reduction, weighted, smoothing", PROBABILITY_OPTIONS)
 def test_cross_entropy_with_probability_targets_matches_torch(data, reduction, weighted, smoothing):
     want = torch_cross_entropy(data["z"], data["probs"], data["w"] if weighted else None,
                                reduction=reduction, label_smoothing=smoothing)

@@ -77,7 +77,8 @@ def _build(dtype):
         a, b = gc.input("a", (len(NUMERATORS),), dtype), gc.input("b", (len(DENOMINATORS),), dtype)
         outs = [fn(x) for fn, _ in UNARY.values()]
         outs += [gc.div(a, b, rounding_mode="floor"), gc.div(a, b, rounding_mode="trunc"), a // b]
-    feeds = dict(x=np.array(VALUES, dtype), a=np.array(NUMERATORS, dtype), b=np.array(DENOMINATORS, dtype))
+    feeds = dict(x=np.array(VALUES, dtype), a=np.array(NUMERATORS, dtype),
+                 b=np.array(DENOMINATORS, dtype))
     return graph, outs, feeds
 
 
@@ -87,7 +88,7 @@ def _check(got, dtype):
         want = want.astype(dtype)
         np.testing.assert_array_equal(value, want, err_msg=f"output {k}")
         zero = want == 0
-        assert list(np.signbit(value[zero])) == list(np.signbit(want[zero])), f"sign of zero, output {k}"
+        assert list(np.signbit(value[zero])) == list(np.signbit(want[zero])), f"signed zero, {k}"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

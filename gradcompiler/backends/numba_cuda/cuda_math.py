@@ -35,7 +35,8 @@ else:
     _exp, _log, _log1p, _expm1, _sqrt = math.exp, math.log, math.log1p, math.expm1, math.sqrt
     _sin, _cos, _tanh, _pow = math.sin, math.cos, math.tanh, math.pow
     # CUDA types these float -> float (floorf, ...), unlike the CPU target's int64 results
-    _floor, _ceil, _trunc, _fmod, _copysign = math.floor, math.ceil, math.trunc, math.fmod, math.copysign
+    _floor, _ceil, _trunc = math.floor, math.ceil, math.trunc
+    _fmod, _copysign = math.fmod, math.copysign
     _rint = {np.float32: libdevice.rintf, np.float64: libdevice.rint}  # half to even
 _erf = math.erf
 
