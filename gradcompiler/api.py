@@ -10,13 +10,21 @@ from typing import Sequence
 from passes.autodiff import differentiate, seed_cotangent
 
 from .errors import GraphError, NotDifferentiableError
-from .frontend.tensor import Tensor
+from .frontend.tensor import Tensor, constant
 from .ir import call_site
 
 
-def _as_list(x) -> tuple[list[Tensor], bool]:
+def _as_list(x, what: str = "wrt") -> tuple[list[Tensor], bool]:
+    """`x` as a list of Tensors and whether it was a single one; anything else is named."""
     single = isinstance(x, Tensor)
-    return ([x] if single else list(x)), single
+    items = [x] if single else list(x) if isinstance(x, (list, tuple)) else None
+    bad = next((v for v in items if not isinstance(v, Tensor)), None) if items else None
+    if items is None or bad is not None:
+        kind = type(x if items is None else bad).__name__
+        raise GraphError(f"{what} must be a Tensor or a list of Tensors of the graph, got a value of type {kind}; "
+                         "a value to differentiate by is a gc.input or gc.param, fed at run time",
+                         site=call_site())
+    return items, single
 
 
 def _same_graph(tensors: Sequence[Tensor]):
@@ -70,7 +78,11 @@ def grad(loss: Tensor, wrt, disconnected: str = "error"):
 def hvp(loss: Tensor, wrt, vectors):
     """Hessian-vector product: d(<grad(loss, wrt), vectors>) / d(wrt)."""
     wrts, single = _as_list(wrt)
-    vecs, _ = _as_list(vectors)
+    given = [vectors] if single and not isinstance(vectors, (list, tuple)) else list(vectors)
+    if len(given) == len(wrts):  # numpy vectors: constants in the dtype of their wrt tensor
+        given = [v if isinstance(v, Tensor) else constant(v, w.dtype, w.graph)
+                 for v, w in zip(given, wrts)]
+    vecs = given
     _check_matching(wrts, vecs, "wrt tensor", "vector")
     grads = grad(loss, wrts)
     dot = None

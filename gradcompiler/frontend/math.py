@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BuildError
+from ..errors import BuildError, ShapeError
 from ..ops.common import checked_dtype, normalize_axes
 from ..ops.elemwise import Cast, Elemwise, StopGradient, Where
 from ..ops.linalg import BatchedMatrixMul, MatrixMul
@@ -127,7 +127,14 @@ def stop_gradient(x: Tensor) -> Tensor:
 def _axes(op_mode: str, x: Tensor, axis) -> tuple[int, ...] | None:
     if axis is None:
         return None
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)):
+        axes = (axis,)
+    elif isinstance(axis, (tuple, list)) and all(
+            isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_)) for a in axis):
+        axes = tuple(axis)
+    else:
+        raise ShapeError(f"axis must be an int, a tuple of ints or None, got {axis!r}",
+                         op=Reduce(op_mode).label)
     return tuple(sorted(normalize_axes(Reduce(op_mode), axes, x.ndim)))
 
 

@@ -176,6 +176,12 @@ def to_operands(operands: Sequence[Any]) -> list[Tensor]:
         elif isinstance(value, (bool, int, float, np.number, np.bool_)) and like is not None:
             if like.kind in "iub" and isinstance(value, (float, np.floating)) and float(value) != int(value):
                 raise DTypeError(f"the float {value!r} meets an {like.name} tensor; cast the tensor first", site=call_site())
+            if like.kind in "iu" and not isinstance(value, (bool, np.bool_)):
+                info = np.iinfo(like)
+                if not info.min <= int(value) <= info.max:
+                    raise DTypeError(f"the scalar {int(value)} does not fit {like.name} (range "
+                                     f"[{info.min}, {info.max}]); cast the tensor first",
+                                     site=call_site())
             result.append(constant(value, like, graph))
         elif isinstance(value, (np.ndarray, list, tuple, bool, int, float, np.number)):
             result.append(constant(value, None, graph))
