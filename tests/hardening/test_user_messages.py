@@ -111,3 +111,21 @@ def test_a_feed_of_none_is_named_with_what_it_needs():
         with pytest.raises(FeedError, match=r"^feed 'x' is None; it needs an array of shape "
                                             r"\(2, 3\) and dtype float32$"):
             run()
+
+
+def test_numpy_ufuncs_on_a_tensor_build_the_matching_nodes():
+    xv = np.array([0.5, -1.0, 2.0])
+    with gc.Graph():
+        x = gc.input("x", (3,), "float64")
+        built = [np.exp(x), np.log(np.abs(x)), np.tanh(x), np.sqrt(np.abs(x)), np.add(x, 1.0),
+                 np.ones(3) * x, np.maximum(x, 0.0), np.ones(3) > x, np.floor(x), np.rint(x)]
+        with pytest.raises(DTypeError, match=r"numpy's arctan\.__call__.*symbolic Tensor") as caught:
+            line = _here()
+            np.arctan(x)
+        with pytest.raises(DTypeError, match=r"numpy's add\.__call__ with out cannot run"):
+            np.add(x, 1.0, out=np.ones(3))
+    want = [np.exp(xv), np.log(np.abs(xv)), np.tanh(xv), np.sqrt(np.abs(xv)), xv + 1.0, xv,
+            np.maximum(xv, 0.0), 1.0 > xv, np.floor(xv), np.rint(xv)]
+    for got, w in zip(gc.evaluate(built, x=xv), want):
+        np.testing.assert_allclose(got, w, rtol=1e-15)
+    assert str(caught.value).endswith(line)
