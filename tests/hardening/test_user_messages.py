@@ -119,7 +119,8 @@ def test_numpy_ufuncs_on_a_tensor_build_the_matching_nodes():
         x = gc.input("x", (3,), "float64")
         built = [np.exp(x), np.log(np.abs(x)), np.tanh(x), np.sqrt(np.abs(x)), np.add(x, 1.0),
                  np.ones(3) * x, np.maximum(x, 0.0), np.ones(3) > x, np.floor(x), np.rint(x)]
-        with pytest.raises(DTypeError, match=r"numpy's arctan\.__call__.*symbolic Tensor") as caught:
+        refused = r"numpy's arctan\.__call__.*symbolic Tensor"
+        with pytest.raises(DTypeError, match=refused) as caught:
             line = _here()
             np.arctan(x)
         with pytest.raises(DTypeError, match=r"numpy's add\.__call__ with out cannot run"):
