@@ -19,9 +19,17 @@ from .frontend.tensor import Tensor, constant
 from .ir import call_site
 
 
-def _as_list(x) -> tuple[list[Tensor], bool]:
+def _as_list(x, what: str = "wrt") -> tuple[list[Tensor], bool]:
+    """`x` as a list of Tensors and whether it was a single one; anything else is named."""
     single = isinstance(x, Tensor)
-    return ([x] if single else list(x)), single
+    items = [x] if single else list(x) if isinstance(x, (list, tuple)) else None
+    bad = next((v for v in items if not isinstance(v, Tensor)), None) if items else None
+    if items is None or bad is not None:
+        kind = type(x if items is None else bad).__name__
+        raise GraphError(f"{what} must be a Tensor or a list of Tensors of the graph, got a value of type {kind}; "
+                         "a value to differentiate by is a gc.input or gc.param, fed at run time",
+                         site=call_site())
+    return items, single
 
 
 def _same_graph(tensors: Sequence[Tensor]):
@@ -75,7 +83,7 @@ def grad(loss: Tensor, wrt, disconnected: str = "error"):
 def hvp(loss: Tensor, wrt, vectors):
     """Hessian-vector product: d(<grad(loss, wrt), vectors>) / d(wrt)."""
     wrts, single = _as_list(wrt)
-    vecs, _ = _as_list(vectors)
+    vecs = _vectors_for(wrts, vectors, single)
     _check_matching(wrts, vecs, "wrt tensor", "vector")
     grads = grad(loss, wrts)
     dot = None
@@ -86,22 +94,23 @@ def hvp(loss: Tensor, wrt, vectors):
     return result[0] if single else result
 
 
-def _as_tensor_like(value, like: Tensor) -> Tensor | None:
-    """A tangent or vector given as an array becomes a constant of `like`'s graph and dtype."""
-    if value is None or isinstance(value, Tensor):
-        return value
-    return constant(np.asarray(value, dtype=like.dtype), like.dtype, like.graph)
+def _vectors_for(wrts: list[Tensor], given, single: bool) -> list:
+    """One vector per wrt tensor (a tangent, a Hessian-vector direction): Tensors and None as
+    given, arrays as constants in the graph and dtype of the tensor each pairs with."""
+    vecs = [given] if single and not isinstance(given, (list, tuple)) else list(given)
+    if len(vecs) != len(wrts):
+        return vecs  # _check_matching names the mismatch
+    return [v if v is None or isinstance(v, Tensor) else constant(np.asarray(v), w.dtype, w.graph)
+            for v, w in zip(vecs, wrts)]
 
 
 def jvp(outputs, wrt, tangents):
     """Jacobian-vector product: the tangent of each output along `tangents` (one per `wrt`,
     of its shape and dtype; a Tensor or an array; None for no tangent), built as graph nodes
     by linearising and transposing reverse mode (`gradcompiler.passes.forward`)."""
-    outs, single = _as_list(outputs)
-    wrts, _ = _as_list(wrt)
-    tans = [tangents] if not isinstance(tangents, (list, tuple)) else list(tangents)
-    if len(tans) == len(wrts):
-        tans = [_as_tensor_like(v, w) for v, w in zip(tans, wrts)]
+    outs, single = _as_list(outputs, "outputs")
+    wrts, single_wrt = _as_list(wrt)
+    tans = _vectors_for(wrts, tangents, single_wrt)
     _check_matching(wrts, tans, "wrt tensor", "tangent")
     graph = _same_graph(outs + wrts + [v for v in tans if v is not None])
     ids = forward_mode(graph, [o.id for o in outs], [w.id for w in wrts],

@@ -1,7 +1,7 @@
 """`gc.compile`: passes, lowering and code generation, and the `Executable` it returns.
 
     step = gc.compile(outputs, target="cpu")
-    values = step(**feeds)            # fresh arrays
+    values = step(**feeds)            # fresh arrays (or step(feeds), as gc.evaluate takes them)
     step(out=[...], **feeds)          # written into the caller's arrays
     print(step.report()); step.source(); step.to_dot("step.dot")
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -144,7 +144,10 @@ class Executable:
         self._placeholders = [n for n in graph.nodes.values() if isinstance(n.op, Placeholder)]
         self._feed_names = set(source_graph.feed_names)
 
-    def __call__(self, out: Sequence[np.ndarray] | np.ndarray | None = None, **feeds: Any):
+    def __call__(self, feeds: Mapping[str, Any] | None = None, /, *,
+                 out: Sequence[np.ndarray] | np.ndarray | None = None, **named: Any):
+        """Run one step on `feeds` (a dict, as `gc.evaluate` takes it, and/or keywords)."""
+        feeds = _merged_feeds(feeds, named)
         arrays = validate_feeds(self._placeholders, feeds, ignorable=self._feed_names)
         targets = None if out is None else self._checked_out(out, arrays)
         try:
@@ -202,15 +205,25 @@ class DeviceExecutable(Executable):
     copy). Outputs are device arrays, or numpy arrays with `to_host=True`.
     """
 
-    def __call__(self, to_host: bool = False, **feeds: Any):
+    def __call__(self, feeds: Mapping[str, Any] | None = None, /, *, to_host: bool = False,
+                 **named: Any):
         from .backends.numba_cuda.executable import device_feeds
 
+        feeds = _merged_feeds(feeds, named)
         on_device = device_feeds(self._placeholders, feeds, ignorable=self._feed_names)
         try:
             results = self._runner.run(on_device, to_host=to_host)
         except NonFiniteError as err:
             raise self._located(err, {k: v.copy_to_host() for k, v in on_device.items()}) from None
         return results[0] if self._single else results
+
+
+def _merged_feeds(feeds: Mapping[str, Any] | None, named: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's feeds given as a dict, as keywords, or both (as `gc.evaluate` takes them)."""
+    if feeds is not None and not isinstance(feeds, Mapping):
+        raise FeedError(f"feeds must be a dict of name -> array, got a {type(feeds).__name__}; "
+                        "an output array goes in out=")
+    return {**(feeds or {}), **named}
 
 
 def cache_info() -> dict:

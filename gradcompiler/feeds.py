@@ -36,6 +36,9 @@ def validate_feeds(
     arrays = {}
     for name, node in expected.items():
         value = feeds[name]
+        if value is None:
+            raise FeedError(f"feed '{name}' is None; it needs an array of shape {node.type.shape} "
+                            f"and dtype {node.type.dtype.name}")
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
         want = node.type
         if array.dtype != want.dtype and array.dtype.newbyteorder("=") == want.dtype:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import BuildError, ShapeError
 from ..ops.common import checked_dtype, normalize_axes
 from ..ops.elemwise import Cast, Elemwise, StopGradient, Where
 from ..ops.linalg import BatchedMatrixMul, MatrixMul
@@ -20,6 +21,7 @@ __all__ = [
     "elemwise", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
     "erf", "gelu", "softplus", "relu", "negative", "abs", "add", "subtract", "multiply", "divide",
     "maximum", "minimum", "less", "less_equal", "equal", "power", "where", "cast", "stop_gradient",
+    "floor", "ceil", "trunc", "round", "sign", "div", "floor_divide",
     "reduce", "sum", "mean", "max", "min", "prod", "sum_sqr", "reduce_to", "matmul",
 ]
 
@@ -53,17 +55,39 @@ softplus = _unary("SOFTPLUS")
 relu = _unary("RELU")
 negative = _unary("NEGATE")
 abs = _unary("ABS")  # noqa: A001 - numpy's name
+floor = _unary("FLOOR")
+ceil = _unary("CEIL")
+trunc = _unary("TRUNC")
+round = _unary("ROUND")  # noqa: A001 - numpy's and torch's name; half to even
+sign = _unary("SIGN")
 
 
 def add(a, b): return elemwise("ADD", a, b)
 def subtract(a, b): return elemwise("SUB", a, b)
 def multiply(a, b): return elemwise("MUL", a, b)
 def divide(a, b): return elemwise("TRUE_DIV", a, b)
+def floor_divide(a, b): return elemwise("FLOOR_DIV", a, b)
 def maximum(a, b): return elemwise("MAX", a, b)
 def minimum(a, b): return elemwise("MIN", a, b)
 def less(a, b): return elemwise("LT", a, b)
 def less_equal(a, b): return elemwise("LEQ", a, b)
 def equal(a, b): return elemwise("EQ", a, b)
+
+
+_ROUNDING_MODES = (None, "trunc", "floor")
+
+
+@reports_user_line
+def div(a: Any, b: Any, rounding_mode: str | None = None) -> Tensor:
+    """torch.div: `a / b`, then rounded toward zero ("trunc": trunc(a / b)) or down ("floor":
+    numpy's and Python's floor division, exact where a / b rounds up to an integer)."""
+    if rounding_mode not in _ROUNDING_MODES:
+        raise BuildError(f"rounding_mode={rounding_mode!r}; expected one of {_ROUNDING_MODES}",
+                         op="div")
+    if rounding_mode == "floor":
+        return floor_divide(a, b)
+    quotient = divide(a, b)
+    return quotient if rounding_mode is None else trunc(quotient)
 
 
 def power(a: Any, b: Any) -> Tensor:
@@ -103,7 +127,14 @@ def stop_gradient(x: Tensor) -> Tensor:
 def _axes(op_mode: str, x: Tensor, axis) -> tuple[int, ...] | None:
     if axis is None:
         return None
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)):
+        axes = (axis,)
+    elif isinstance(axis, (tuple, list)) and all(
+            isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_)) for a in axis):
+        axes = tuple(axis)
+    else:
+        raise ShapeError(f"axis must be an int, a tuple of ints or None, got {axis!r}",
+                         op=Reduce(op_mode).label)
     return tuple(sorted(normalize_axes(Reduce(op_mode), axes, x.ndim)))
 
 

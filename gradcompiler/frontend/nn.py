@@ -1,5 +1,5 @@
 """Composites built only from primitive ops: softmax, log_softmax,
-cross_entropy, layer_norm, gelu_tanh, mse.
+cross_entropy, nll_loss, layer_norm, gelu_tanh, mse.
 
 Being composites, they need no gradient rule of their own, and the fuser
 sees their primitive pieces.
@@ -8,12 +8,18 @@ sees their primitive pieces.
 from __future__ import annotations
 
 import math as _pymath
+from types import SimpleNamespace
 
-from .indexing import indexing_one_hot
-from .math import exp, log, mean, reduce, rsqrt, stop_gradient, sum, tanh
-from .tensor import Tensor
+from ..errors import BuildError, ShapeError
+from ..ir import call_site
+from ..ops.common import normalize_axis
+from ..ops.indexing import IndexingOneHot
+from ..ops.source import Placeholder
+from .math import cast, equal, exp, log, mean, reduce, rsqrt, stop_gradient, sum, tanh, where
+from .shapes import broadcast_to, reshape, squeeze
+from .tensor import Tensor, apply, reports_user_line, to_operands
 
-__all__ = ["softmax", "log_softmax", "cross_entropy", "layer_norm", "gelu_tanh", "mse"]
+__all__ = ["softmax", "log_softmax", "cross_entropy", "nll_loss", "layer_norm", "gelu_tanh", "mse"]
 
 
 def _shift(x: Tensor, axis: int) -> Tensor:
@@ -34,10 +40,108 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     return shifted - log(sum(exp(shifted), axis, keepdims=True))
 
 
-def cross_entropy(logits: Tensor, labels: Tensor, axis: int = -1) -> Tensor:
-    """Mean softmax cross-entropy of integer `labels`, picked by one-hot indexing."""
-    picked = indexing_one_hot(log_softmax(logits, axis), labels, axis)
-    return -mean(picked)
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _class_axis_shape(weight: Tensor, ndim: int, axis: int) -> Tensor:
+    """weight (C,) as (1, .., C, .., 1): broadcast along the class axis."""
+    return reshape(weight, tuple(-1 if d == axis else 1 for d in range(ndim)))
+
+
+def _labels_about(name: str, labels: Tensor, ignore_index: int | None) -> str:
+    node = labels.node
+    source = (f"feed {node.op.feed_name!r}" if isinstance(node.op, Placeholder)
+              else f"tensor %{labels.id} ({node.op.label})")
+    ignored = "" if ignore_index is None else f", ignore_index={ignore_index}"
+    return f"{name} (labels from {source}{ignored}, at {call_site()})"
+
+
+def _reduce_loss(per_sample: Tensor, reduction: str, denominator: Tensor | None) -> Tensor:
+    """torch's reductions; `denominator` (the selected weights' sum) replaces the count."""
+    if reduction == "none":
+        return per_sample
+    if reduction == "sum" or denominator is not None:
+        total = sum(per_sample)
+        return total if reduction == "sum" else total / denominator
+    return mean(per_sample)
+
+
+def _nll(name: str, log_probs: Tensor, target: Tensor, axis: int, weight, ignore_index,
+         reduction: str, label_smoothing: float) -> Tensor:
+    """torch.nn.functional.nll_loss, with cross_entropy's label smoothing and probability
+    targets (a float `target` of log_probs' shape)."""
+    if reduction not in _REDUCTIONS:
+        raise BuildError(f"reduction={reduction!r}; expected one of {_REDUCTIONS}", op=name)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise BuildError(f"label_smoothing={label_smoothing!r} must lie in [0, 1]", op=name)
+    axis = normalize_axis(SimpleNamespace(label=name), axis, log_probs.ndim)
+    classes = log_probs.shape[axis]
+    if weight is not None:
+        weight = to_operands([log_probs, weight])[1]
+        if weight.shape != (classes,):
+            raise ShapeError(f"weight of shape {weight.shape} must be ({classes},), one per class",
+                             op=name)
+        weight = _class_axis_shape(weight, log_probs.ndim, axis)
+    weighted = log_probs if weight is None else log_probs * weight
+    if target.dtype.kind == "f":
+        if target.shape != log_probs.shape:
+            raise ShapeError(f"probability targets of shape {target.shape} must have the "
+                             f"input's shape {log_probs.shape}", op=name)
+        if label_smoothing:
+            target = target * (1.0 - label_smoothing) + label_smoothing / classes
+        return _reduce_loss(-sum(weighted * target, axis), reduction, None)
+    about = _labels_about(name, target, ignore_index)
+    keep = None
+    if ignore_index is not None:
+        ignored = equal(target, ignore_index)
+        target = where(ignored, 0, target)
+        keep = 1.0 - cast(ignored, log_probs.dtype)
+    picked = _pick(log_probs, target, axis, about)
+    if weight is not None:
+        picked_weight = _pick(broadcast_to(weight, log_probs.shape), target, axis, about)
+        keep = picked_weight if keep is None else picked_weight * keep
+    denominator = None if keep is None or reduction != "mean" else sum(keep)
+    loss = _reduce_loss(-(picked if keep is None else picked * keep), reduction, denominator)
+    if not label_smoothing:
+        return loss
+    smooth = -sum(weighted, axis)
+    if ignore_index is not None:
+        smooth = smooth * (1.0 - cast(ignored, log_probs.dtype))
+    smooth = _reduce_loss(smooth, reduction, denominator)
+    return loss * (1.0 - label_smoothing) + smooth * (label_smoothing / classes)
+
+
+def _pick(src: Tensor, labels: Tensor, axis: int, about: str) -> Tensor:
+    return squeeze(apply(IndexingOneHot(axis, about), src, labels), axis)
+
+
+@reports_user_line
+def nll_loss(log_probs: Tensor, target: Tensor, axis: int = -1, *, weight=None,
+             ignore_index: int | None = None, reduction: str = "mean") -> Tensor:
+    """torch.nn.functional.nll_loss of `log_probs` with classes along `axis` (torch: dim 1).
+
+    `target` holds class indices (an int tensor without the class axis); `weight` (C,)
+    scales each class, and a weighted mean divides by the sum of the picked weights; labels
+    equal to `ignore_index` count nowhere, not in the mean's denominator either. Unlike
+    torch, ignore_index is off by default (torch: -100): any label outside [0, C) is then an
+    error naming the labels, never a silently skipped sample.
+    """
+    return _nll("nll_loss", log_probs, target, axis, weight, ignore_index, reduction, 0.0)
+
+
+@reports_user_line
+def cross_entropy(logits: Tensor, labels: Tensor, axis: int = -1, *, weight=None,
+                  ignore_index: int | None = None, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """torch.nn.functional.cross_entropy: nll_loss of log_softmax(logits, axis).
+
+    `labels` are class indices as in `nll_loss`, or probabilities (a float tensor of the
+    logits' shape; ignore_index does not apply, the mean divides by the sample count).
+    `label_smoothing` ε mixes in the uniform distribution: (1 − ε)·nll + ε/C·Σ_c −w_c·log p_c,
+    reduced like the nll term (so a weighted mean shares its denominator), as torch does.
+    """
+    return _nll("cross_entropy", log_softmax(logits, axis), labels, axis, weight, ignore_index,
+                reduction, label_smoothing)
 
 
 def layer_norm(x: Tensor, gamma: Tensor | None = None, beta: Tensor | None = None,

@@ -88,6 +88,8 @@ class Tensor:
     def __rmul__(self, other): return _math().multiply(other, self)
     def __truediv__(self, other): return _math().divide(self, other)
     def __rtruediv__(self, other): return _math().divide(other, self)
+    def __floordiv__(self, other): return _math().floor_divide(self, other)
+    def __rfloordiv__(self, other): return _math().floor_divide(other, self)
     def __pow__(self, other): return _math().power(self, other)
     def __rpow__(self, other): return _math().power(other, self)
     def __matmul__(self, other): return _math().matmul(self, other)
@@ -101,6 +103,19 @@ class Tensor:
     def __ge__(self, other): return _math().less_equal(other, self)
     def __eq__(self, other): return _math().equal(self, other)  # type: ignore[override]
     def __ne__(self, other): raise TypeError("!= is not an op here; use gc.equal and gc.where")  # type: ignore[override]
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """numpy's ufuncs on a Tensor build the matching node (np.exp(t) is gc.exp(t), and
+        `array + t` is gc.add); the others, and out=/where=, are refused by name."""
+        name = _UFUNCS.get(ufunc.__name__)
+        if method != "__call__" or kwargs or name is None:
+            extra = f" with {', '.join(kwargs)}" if kwargs else ""
+            raise DTypeError(f"numpy's {ufunc.__name__}.{method}{extra} cannot run on a symbolic "
+                             f"Tensor; build it from gc functions (gc.{name or 'elemwise'}, ...)",
+                             site=call_site())
+        if ufunc.__name__ in ("greater", "greater_equal"):
+            inputs = inputs[::-1]
+        return getattr(_math(), name)(*inputs)
 
     def __getitem__(self, key):
         from . import indexing
@@ -129,6 +144,16 @@ class Tensor:
     def broadcast_to(self, shape): return _shapes().broadcast_to(self, shape)
     def astype(self, dtype): return _math().cast(self, dtype)
     def flatten(self): return _shapes().reshape(self, (-1,))
+
+
+_UFUNCS = {  # numpy ufunc name -> gc function
+    **{n: n for n in ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tanh", "negative",
+                      "add", "subtract", "multiply", "divide", "maximum", "minimum", "less",
+                      "less_equal", "equal", "power", "matmul", "floor", "ceil", "trunc", "sign",
+                      "floor_divide")},
+    "true_divide": "divide", "absolute": "abs", "rint": "round", "greater": "less",
+    "greater_equal": "less_equal",
+}
 
 
 def _math():
@@ -174,6 +199,12 @@ def to_operands(operands: Sequence[Any]) -> list[Tensor]:
         elif isinstance(value, (bool, int, float, np.number, np.bool_)) and like is not None:
             if like.kind in "iub" and isinstance(value, (float, np.floating)) and float(value) != int(value):
                 raise DTypeError(f"the float {value!r} meets an {like.name} tensor; cast the tensor first", site=call_site())
+            if like.kind in "iu" and not isinstance(value, (bool, np.bool_)):
+                info = np.iinfo(like)
+                if not info.min <= int(value) <= info.max:
+                    raise DTypeError(f"the scalar {int(value)} does not fit {like.name} (range "
+                                     f"[{info.min}, {info.max}]); cast the tensor first",
+                                     site=call_site())
             result.append(constant(value, like, graph))
         elif isinstance(value, (np.ndarray, list, tuple, bool, int, float, np.number)):
             result.append(constant(value, None, graph))

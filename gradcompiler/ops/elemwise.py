@@ -74,6 +74,13 @@ MODES: dict[str, ModeSpec] = {
     "MIN": ModeSpec(2, lambda a, b: np.where(a < b, a, b), float_only=False),
     "ABS": ModeSpec(1, np.abs, float_only=False),
     "FUSE_MUL_ADD3": ModeSpec(3, lambda a, b, c: a * b + c, float_only=False),
+    # rounding (zero gradient, as torch); ROUND is half to even, FLOOR_DIV numpy's floor_divide
+    "FLOOR": ModeSpec(1, np.floor),
+    "CEIL": ModeSpec(1, np.ceil),
+    "TRUNC": ModeSpec(1, np.trunc),
+    "ROUND": ModeSpec(1, np.rint),
+    "SIGN": ModeSpec(1, np.sign, float_only=False),
+    "FLOOR_DIV": ModeSpec(2, np.floor_divide),
     # transcendental
     "EXP": ModeSpec(1, np.exp),
     "LOG": ModeSpec(1, np.log),

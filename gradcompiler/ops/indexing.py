@@ -25,7 +25,7 @@ self-describing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 import numpy as np
@@ -304,18 +304,33 @@ def _one_hot_check(op: Op, src: TensorType, index: TensorType) -> None:
         raise op.shape_error(f"index shape {index.shape} must be {expected} (src {src.shape} without axis {op.axis})")
 
 
+def one_hot_range_message(op: Op, value: int, n: int) -> str:
+    """What an index `value` outside [0, n) is, in the words of whoever built the gather (a
+    loss names its labels and the user's line); every backend raises this same text."""
+    about = getattr(op, "about", None)
+    if about:
+        return f"{about}: label {value} is outside the valid range [0, {n})"
+    return f"{op.label}: index value {value} is outside [0, {n}) along axis {op.axis}"
+
+
 def _check_one_hot_range(op: Op, index: np.ndarray, n: int) -> None:
     """Values must lie in [0, n): one-hot indexing does not wrap negatives (§8.1)."""
     if index.size and (index.min() < 0 or index.max() >= n):
         bad = index[(index < 0) | (index >= n)].ravel()[0]
-        raise IndexOutOfRangeError(f"{op.label}: index value {bad} is outside [0, {n}) along axis {op.axis}")
+        raise IndexOutOfRangeError(one_hot_range_message(op, int(bad), n))
 
 
 @dataclass(frozen=True)
 class IndexingOneHot(Op):
-    """Gather one element per position along `axis`; output keeps the axis with size 1 (§8.1)."""
+    """Gather one element per position along `axis`; output keeps the axis with size 1 (§8.1).
+
+    `about`, when set, names what the indices are for an out-of-range message (a loss's
+    labels, their feed and the user's line); no part of the op's identity (equal ops compute
+    the same thing).
+    """
 
     axis: int
+    about: str | None = field(default=None, compare=False)
 
     kind = "gather"
     arity = 2

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from ..frontend.math import cos, elemwise, exp, log, reduce_to, sigmoid, sin, sqrt, where
+from ..frontend.sources import zeros
 from ..frontend.tensor import apply
 from ..ops.elemwise import Cast, Elemwise, StopGradient, Where
 from ..ops.source import Constant, Fill, Placeholder
@@ -29,6 +30,11 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 def _normal_pdf(a):
     return exp(a * a * -0.5) * _INV_SQRT_2PI
+
+
+def _zero_partial(x, y, g):
+    """Zeros of the output's shape (reduced to the input's by the caller)."""
+    return zeros(g.shape, g.dtype)
 
 
 _PARTIALS = {
@@ -66,6 +72,13 @@ _PARTIALS = {
     "SOFTPLUS": (lambda x, y, g: elemwise("SOFTPLUS_GRAD", x[0], g),),
     "SWITCH_GT0": (None, lambda x, y, g: elemwise("SWITCH_GT0", x[0], g)),
     "FUSE_MUL_ADD3": (lambda x, y, g: g * x[1], lambda x, y, g: g * x[0], lambda x, y, g: g),
+    # piecewise constant: a zero gradient, as torch gives (at the jumps too), not a disconnection
+    "FLOOR": (_zero_partial,),
+    "CEIL": (_zero_partial,),
+    "TRUNC": (_zero_partial,),
+    "ROUND": (_zero_partial,),
+    "SIGN": (_zero_partial,),
+    "FLOOR_DIV": (_zero_partial, _zero_partial),
     "LT": (None, None),
     "LEQ": (None, None),
     "EQ": (None, None),

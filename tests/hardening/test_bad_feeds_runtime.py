@@ -13,6 +13,8 @@ Feeds that are merely unusual (non-contiguous, read-only, other byte order,
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -115,9 +117,25 @@ def build_warp_constant():
     return [out, dsrc]
 
 
+CROSS_ENTROPY_LINE = None
+
+
+def build_cross_entropy():
+    """A weighted, label-smoothed cross-entropy and its gradient: labels meet two gathers."""
+    global CROSS_ENTROPY_LINE
+    with gc.Graph("cross_entropy"):
+        z = gc.param("z", (3, 4))
+        labels = gc.input("labels", (3,), "int32")
+        weight = np.arange(1, 5, dtype=np.float32)
+        CROSS_ENTROPY_LINE = f"{__file__}:{sys._getframe().f_lineno + 1}"
+        loss = gc.cross_entropy(z, labels, weight=weight, label_smoothing=0.1)
+        dz = gc.grad(loss, z)
+    return [loss, dz]
+
+
 BUILDERS = {f.__name__.removeprefix("build_"): f for f in (
     build_gather, build_scatter, build_one_hot, build_warp_with_mat_idx, build_warp_affine,
-    build_warp_constant)}
+    build_warp_constant, build_cross_entropy)}
 
 X43 = np.arange(12, dtype=np.float32).reshape(4, 3)
 
@@ -264,6 +282,24 @@ def test_one_hot_index_out_of_range_and_negative(target, labels, bad):
     want_dx = np.zeros_like(x)
     want_dx[rows, good] = 1
     np.testing.assert_array_equal(dx, want_dx)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("bad", [4, -1])
+def test_cross_entropy_label_out_of_range_names_the_labels_feed_and_the_line(target, bad):
+    """Every target words it the same: the loss, the labels feed, the user's line, the bad
+    value and the valid range (not the internal gather)."""
+    step = program("cross_entropy", target)
+    z = np.zeros((3, 4), np.float32)
+    want = (f"cross_entropy (labels from feed 'labels', at {CROSS_ENTROPY_LINE}): "
+            f"label {bad} is outside the valid range [0, 4)")
+    with pytest.raises(IndexOutOfRangeError) as caught:
+        step(z=z, labels=np.array([0, bad, 1], np.int32))
+    assert str(caught.value) == want
+    loss, _ = step(z=z, labels=np.array([0, 3, 1], np.int32))
+    # uniform logits: every log p is -log C; the smoothing term weighs all 4 classes (Σw = 10)
+    # over the picked weights 1 + 4 + 2
+    np.testing.assert_allclose(loss, np.log(4.0) * (0.9 + 0.1 * 10 / 4 * 3 / 7), rtol=1e-6)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -35,7 +35,7 @@ def _sigmoid(a):
 
 # mode -> (numpy oracle, domain of each input, accepts integer inputs)
 # domains: "any" normal data, "pos" positive, "gt-1" above -1, "small" values from a small
-# grid (so comparisons and selects see ties)
+# grid (so comparisons and selects see ties), "quarters" multiples of 1/4 (rounding ties)
 CASES = {
     "ADD": (lambda a, b: a + b, ("any", "any"), True),
     "SUB": (lambda a, b: a - b, ("any", "any"), True),
@@ -47,6 +47,13 @@ CASES = {
     "MIN": (lambda a, b: np.minimum(a, b), ("small", "small"), True),
     "ABS": (lambda a: np.abs(a), ("any",), True),
     "FUSE_MUL_ADD3": (lambda a, b, c: a * b + c, ("any", "any", "any"), True),
+    "FLOOR": (np.vectorize(math.floor, otypes=[np.float64]), ("quarters",), False),
+    "CEIL": (np.vectorize(math.ceil, otypes=[np.float64]), ("quarters",), False),
+    "TRUNC": (np.vectorize(math.trunc, otypes=[np.float64]), ("quarters",), False),
+    "ROUND": (np.vectorize(round, otypes=[np.float64]), ("quarters",), False),  # half to even
+    "SIGN": (lambda a: (a > 0).astype(a.dtype) - (a < 0), ("small",), True),
+    "FLOOR_DIV": (np.vectorize(lambda a, b: a // b, otypes=[np.float64]), ("quarters", "pos"),
+                  False),
     "EXP": (np.exp, ("any",), False),
     "LOG": (np.log, ("pos",), False),
     "LOG1P": (lambda a: np.log(1.0 + a), ("gt-1",), False),
@@ -97,6 +104,8 @@ def _data(rng, domain: str, shape, dtype) -> np.ndarray:
         values = rng.uniform(-0.7, 2.0, shape)
     elif domain == "small":
         values = rng.integers(-3, 4, size=shape) / 2.0
+    elif domain == "quarters":
+        values = rng.integers(-12, 13, size=shape) / 4.0
     else:
         values = rng.standard_normal(shape)
     return values.astype(dtype)

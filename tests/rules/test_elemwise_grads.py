@@ -53,6 +53,7 @@ GRAD_CASES = {
     "SOFTPLUS_GRAD": (("any", "any"), (0, 1)),
 }
 NO_GRAD_MODES = {"LT", "LEQ", "EQ"}
+ZERO_GRAD_MODES = {"FLOOR", "CEIL", "TRUNC", "ROUND", "SIGN", "FLOOR_DIV"}
 SHAPES = {
     1: [((2, 3),), ((),)],
     2: [((2, 3), (2, 3)), ((3, 1, 4), (5, 4)), ((5, 4), (3, 1, 4)), ((), (2, 3)), ((2, 3), ())],
@@ -90,7 +91,24 @@ def _inputs(rng, domains, shapes):
 
 
 def test_every_mode_is_classified():
-    assert set(GRAD_CASES) | NO_GRAD_MODES == set(MODES)
+    assert set(GRAD_CASES) | NO_GRAD_MODES | ZERO_GRAD_MODES == set(MODES)
+
+
+@pytest.mark.parametrize("mode", sorted(ZERO_GRAD_MODES))
+def test_rounding_modes_have_zero_gradients_as_in_torch(mode, graph, rng):
+    """torch: floor(x).sum().backward() gives zeros, not an error; so does gc.grad, compiled
+    too, and a gradient that also flows through another path is that path's alone."""
+    arity = MODES[mode].arity
+    tensors, feeds = _inputs(rng, ("any", "away0")[:arity], [(2, 3), (3,)][:arity])
+    out = gc.elemwise(mode, *tensors)
+    grads = gc.grad(out.sum(), tensors)
+    mixed = gc.grad((out * tensors[0]).sum(), tensors[0])
+    want_mixed = gc.evaluate(out, feeds)
+    for got in (gc.evaluate(grads + [mixed], feeds), gc.compile(grads + [mixed])(**feeds)):
+        for g, t in zip(got, tensors):
+            assert g.shape == t.shape and g.dtype == t.dtype
+            np.testing.assert_array_equal(g, np.zeros(t.shape, np.float32))
+        np.testing.assert_array_equal(got[-1], want_mixed)
 
 
 FIRST_ORDER = [(mode, shapes) for mode in sorted(GRAD_CASES) for shapes in SHAPES[len(GRAD_CASES[mode][0])]]

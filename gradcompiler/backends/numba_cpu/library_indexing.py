@@ -40,7 +40,9 @@ from ...ops.indexing import (
     IndexingSetOneHot,
     SliceItem,
     TensorItem,
+    one_hot_range_message,
 )
+from ...errors import IndexOutOfRangeError
 from .library import LibraryKernel, ParallelLoop, index_error, library_kernel, partition_count
 
 # -- loops -------------------------------------------------------------------------------------
@@ -284,7 +286,7 @@ def _checked_one_hot_index(op, index: np.ndarray, n: int, plane: tuple[int, int]
     index2 = np.ascontiguousarray(index).reshape(plane)
     if _count_outside(index2.size, index2, n):
         bad = index2[(index2 < 0) | (index2 >= n)][0]
-        raise index_error(op, int(bad), op.axis, n)
+        raise IndexOutOfRangeError(one_hot_range_message(op, int(bad), n))
     return index2
 
 

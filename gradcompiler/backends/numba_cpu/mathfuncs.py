@@ -422,3 +422,57 @@ def sin_f64(x):
 @njit(inline="always", cache=True)
 def cos_f64(x):
     return math.cos(x)
+
+
+# -- rounding (both dtypes) --------------------------------------------------------------------
+# np.floor/ceil/trunc/rint lower to the LLVM rounding intrinsics (vectorisable, exact, and
+# rint rounds half to even); math.floor would return an int64 in Numba, wrong past 2**63.
+
+
+@njit(inline="always", cache=True)
+def floor_f64(x):
+    return np.floor(x)
+
+
+@njit(inline="always", cache=True)
+def ceil_f64(x):
+    return np.ceil(x)
+
+
+@njit(inline="always", cache=True)
+def trunc_f64(x):
+    return np.trunc(x)
+
+
+@njit(inline="always", cache=True)
+def round_f64(x):
+    return np.rint(x)
+
+
+floor_f32, ceil_f32, trunc_f32, round_f32 = floor_f64, ceil_f64, trunc_f64, round_f64
+
+
+@njit(inline="always", cache=True)
+def floor_div_f64(a, b):
+    """numpy's floor_divide (npy_divmod): (a - fmod(a, b)) / b, corrected to the floor.
+
+    Numba's own np.floor_divide is floor(a / b), which differs where a / b rounds up to an
+    integer (1 // 0.1 is 9, not 10) and at ±inf (NaN in numpy).
+    """
+    if b == 0.0:
+        return divide(a, b)
+    mod = np.fmod(a, b)
+    div = divide(a - mod, b)
+    if mod != 0.0 and (b < 0.0) != (mod < 0.0):
+        div -= 1.0
+    if div == 0.0:
+        return np.copysign(0.0, divide(a, b))
+    floor_div = np.floor(div)
+    return floor_div + 1.0 if div - floor_div > 0.5 else floor_div
+
+
+@njit(inline="always", cache=True)
+def floor_div_f32(a, b):
+    """Through float64, where a - fmod(a, b) of two float32 values is exact: the same integer
+    as numpy's float32 steps wherever float32 can hold it (quotients below 2**24)."""
+    return _F(floor_div_f64(np.float64(a), np.float64(b)))

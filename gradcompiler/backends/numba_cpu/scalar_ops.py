@@ -27,7 +27,8 @@ from ...ir import Op
 from ...ops.elemwise import Cast, Elemwise, Where
 
 MATH_MODES = {"EXP", "LOG", "LOG1P", "EXPM1", "SQRT", "RSQRT", "SIN", "COS", "TANH", "SIGMOID", "ERF",
-              "GELU", "SOFTPLUS", "POW", "GELU_GRAD", "SOFTPLUS_GRAD"}
+              "GELU", "SOFTPLUS", "POW", "GELU_GRAD", "SOFTPLUS_GRAD",
+              "FLOOR", "CEIL", "TRUNC", "ROUND", "FLOOR_DIV"}
 
 
 def numba_type_name(dtype: np.dtype) -> str:
@@ -121,6 +122,8 @@ _MODES: dict[str, _Mode] = {
     "ABS": lambda a, z, o: f"abs({a[0]})",
     "FUSE_MUL_ADD3": lambda a, z, o: f"{a[0]} * {a[1]} + {a[2]}",
     "RELU": lambda a, z, o: f"{z} if {a[0]} <= {z} else {a[0]}",
+    # a - a: 0 for ±0 (numpy's sign(-0.0) is +0.0) and NaN for NaN
+    "SIGN": lambda a, z, o: f"{o} if {a[0]} > {z} else (-{o} if {a[0]} < {z} else {a[0]} - {a[0]})",
     "LT": lambda a, z, o: f"{a[0]} < {a[1]}",
     "LEQ": lambda a, z, o: f"{a[0]} <= {a[1]}",
     "EQ": lambda a, z, o: f"{a[0]} == {a[1]}",

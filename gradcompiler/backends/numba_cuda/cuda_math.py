@@ -27,9 +27,17 @@ from . import simulator_active
 if simulator_active(cuda):
     _exp, _log, _log1p, _expm1, _sqrt = np.exp, np.log, np.log1p, np.expm1, np.sqrt
     _sin, _cos, _tanh, _pow = np.sin, np.cos, np.tanh, np.power
+    _floor, _ceil, _trunc, _fmod, _copysign = np.floor, np.ceil, np.trunc, np.fmod, np.copysign
+    _rint = dict.fromkeys((np.float32, np.float64), np.rint)
 else:
+    from numba.cuda import libdevice
+
     _exp, _log, _log1p, _expm1, _sqrt = math.exp, math.log, math.log1p, math.expm1, math.sqrt
     _sin, _cos, _tanh, _pow = math.sin, math.cos, math.tanh, math.pow
+    # CUDA types these float -> float (floorf, ...), unlike the CPU target's int64 results
+    _floor, _ceil, _trunc = math.floor, math.ceil, math.trunc
+    _fmod, _copysign = math.fmod, math.copysign
+    _rint = {np.float32: libdevice.rintf, np.float64: libdevice.rint}  # half to even
 _erf = math.erf
 
 
@@ -110,9 +118,42 @@ def _functions(dtype: type) -> dict:
     def softplus_grad(x, g):
         return g * sigmoid(x)
 
+    rint = _rint[dtype]
+
+    @cuda.jit(device=True)
+    def floor(x):
+        return _floor(x)
+
+    @cuda.jit(device=True)
+    def ceil(x):
+        return _ceil(x)
+
+    @cuda.jit(device=True)
+    def trunc(x):
+        return _trunc(x)
+
+    @cuda.jit(device=True)
+    def round(x):  # noqa: A001 - the mode's name
+        return rint(x)
+
+    @cuda.jit(device=True)
+    def floor_div(a, b):
+        """numpy's floor_divide (npy_divmod), as the CPU's `mathfuncs.floor_div_f64`."""
+        if b == zero:
+            return a / b
+        mod = _fmod(a, b)
+        div = (a - mod) / b
+        if mod != zero and (b < zero) != (mod < zero):
+            div -= one
+        if div == zero:
+            return _copysign(zero, a / b)
+        result = _floor(div)
+        return result + one if div - result > half else result
+
     return dict(exp=exp, log=log, log1p=log1p, expm1=expm1, sqrt=sqrt, rsqrt=rsqrt, sin=sin, cos=cos,
                 tanh=tanh, pow=pow, erf=erf, sigmoid=sigmoid, softplus=softplus, gelu=gelu,
-                gelu_grad=gelu_grad, softplus_grad=softplus_grad)
+                gelu_grad=gelu_grad, softplus_grad=softplus_grad, floor=floor, ceil=ceil,
+                trunc=trunc, round=round, floor_div=floor_div)
 
 
 def _export() -> list[str]:

@@ -33,7 +33,7 @@ from ...index_expr import strides as row_major
 from ...ir import Op, TensorType
 from ...ops.indexing import (IndexingIncrMultiAxisVec, IndexingMultiAxisVec, IndexingOneHot,
                              IndexingSetMultiAxisVec, IndexingSetOneHot, IndexItem, SetSubtensor,
-                             SliceItem, Subtensor, TensorItem)
+                             SliceItem, Subtensor, TensorItem, one_hot_range_message)
 from ...ops.shape import Concat
 from .device import (IndexSpec, LaunchConfig, checked_indices, copy, device_constant, fill, flat,
                      to_device)
@@ -240,8 +240,7 @@ class _OneHot:
         n = data.shape[op.axis]
         self.n, self.post = n, int(np.prod(data.shape[op.axis + 1:], dtype=np.int64))
         self.index_shape = data.shape[:op.axis] + data.shape[op.axis + 1:]
-        self.spec = IndexSpec(n, False, lambda v: f"{op.label}: index value {v} is outside [0, {n}) "
-                                                  f"along axis {op.axis}")
+        self.spec = IndexSpec(n, False, lambda v: one_hot_range_message(op, v, n))
         self.config = config
 
     def checked(self, index: Any, stream: Any) -> Any:
