@@ -35,6 +35,7 @@ from typing import Any
 from .errors import BackendUnavailableError
 from .frontend.tensor import Tensor
 from .ir import Graph, Node
+from .ops.custom import CustomGradient
 from .units import format_bytes
 
 STAGES = ("forward", "backward", "optimised")
@@ -151,6 +152,18 @@ def side(node: Node) -> str:
     return "forward"
 
 
+def composite_of(graph: Graph, node: Node) -> str | None:
+    """The custom-gradient composite a node belongs to, as its cluster label: the forward
+    nodes its function built, and the backward nodes its user's backward built."""
+    if node.id in graph.scopes:
+        return f"custom_gradient {graph.scopes[node.id]}"
+    if node.origin is not None and node.origin in graph and node.role == "backward":
+        origin = graph[node.origin].op
+        if isinstance(origin, CustomGradient):
+            return f"custom_gradient {origin.label_name} (backward)"
+    return None
+
+
 def _pydot():
     try:
         import pydot
@@ -178,8 +191,19 @@ def _build(obj: Any, stage: str):
     if stage == "optimised":
         _add_fusion_groups(pydot, clusters, graph, obj.plan, ids, set(outputs))
     else:
+        composites: dict[tuple[str, str], object] = {}
         for i in sorted(ids):
-            clusters[side(graph[i])].add_node(_node(pydot, graph[i], i in outputs))
+            node, where = graph[i], side(graph[i])
+            label = composite_of(graph, node)
+            parent = clusters[where]
+            if label is not None:
+                if (where, label) not in composites:
+                    composites[where, label] = pydot.Cluster(
+                        f"{where}_composite_{len(composites)}", label=quote(label),
+                        style="rounded", color="darkorange")
+                    parent.add_subgraph(composites[where, label])
+                parent = composites[where, label]
+            parent.add_node(_node(pydot, node, i in outputs))
     for cluster in clusters.values():
         if cluster.get_nodes() or cluster.get_subgraphs():
             dot.add_subgraph(cluster)

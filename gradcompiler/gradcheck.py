@@ -26,6 +26,7 @@ from gradcompiler.passes.autodiff import differentiate, seed_cotangent
 from .errors import GraphError
 from .frontend.tensor import Tensor, constant
 from .ir import ConstValue, Graph
+from .ops.custom import CustomGradient
 from .ops.elemwise import Cast
 from .ops.source import Constant, Fill, Placeholder
 from .reference import run_graph
@@ -124,13 +125,24 @@ def _random_dot(graph: Graph, ids: Sequence[int], rng) -> int:
 
 
 def check_grads(outputs, wrt, feeds: Mapping[str, Any], order: int = 1, eps: float = 1e-6,
-                rtol: float = 1e-6, seed: int = 0, raise_on_failure: bool = True) -> GradCheckReport:
-    """Compare symbolic gradients of `outputs` wrt the placeholders `wrt` with finite differences."""
+                rtol: float = 1e-6, seed: int = 0, raise_on_failure: bool = True,
+                custom_gradients: str = "refuse") -> GradCheckReport:
+    """Compare symbolic gradients of `outputs` wrt the placeholders `wrt` with finite differences.
+
+    A gradient that passes through a `gc.custom_gradient` is the user's own and may differ
+    from the true one on purpose (a straight-through estimator), so by default such a check
+    is refused with a GraphError naming the composites; `custom_gradients="check"` compares
+    it like any other.
+    """
+    if custom_gradients not in ("refuse", "check"):
+        raise ValueError("custom_gradients must be 'refuse' or 'check'")
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     wrts = [wrt] if isinstance(wrt, Tensor) else list(wrt)
     for w in wrts:
         if not isinstance(w.node.op, Placeholder):
             raise GraphError(f"check_grads perturbs feeds: {w} must be an input or param")
+    if custom_gradients == "refuse":
+        _refuse_custom_gradients(outs, wrts)
     wide, mapping = as_float64(outs[0].graph)
     wide_feeds = {k: np.asarray(v).astype(_widen(np.asarray(v).dtype)) for k, v in feeds.items()}
     rng = np.random.default_rng(seed)
@@ -146,3 +158,15 @@ def check_grads(outputs, wrt, feeds: Mapping[str, Any], order: int = 1, eps: flo
     if raise_on_failure and not report.ok:
         raise AssertionError(str(report))
     return report
+
+
+def _refuse_custom_gradients(outs: list[Tensor], wrts: list[Tensor]) -> None:
+    graph = outs[0].graph
+    between = graph.ancestors([o.id for o in outs]) & graph.descendants([w.id for w in wrts])
+    custom = [graph[n] for n in sorted(between) if isinstance(graph[n].op, CustomGradient)]
+    if custom:
+        named = ", ".join(f"'{n.op.label_name}' (built at {n.site})" for n in custom)
+        raise GraphError(
+            f"check_grads: the gradient passes through custom_gradient {named}, whose backward is "
+            "the user's own and need not equal finite differences; pass custom_gradients='check' "
+            "to compare it anyway")
