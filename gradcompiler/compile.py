@@ -12,8 +12,10 @@ compiles it. The Executable keeps every stage for inspection: `.graph`
 (optimised), `.plan` (fusion), `.context` (pass stats, memory plan),
 `.program` (Kernel IR), `.kernels` (one `KernelInfo` per step).
 
-An Executable owns its buffers, so one instance must not be called from two
-threads at once.
+An Executable owns its buffers, so calls to one instance from several threads
+are serialised by a lock of its own (`numba_cpu.runtime`, `numba_cuda.executable`):
+each result is right, and threads that want to run at the same time compile
+an executable each.
 """
 
 from __future__ import annotations
