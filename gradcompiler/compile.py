@@ -131,9 +131,10 @@ def _memory_error(graph: Graph, program: Program, what: str) -> MemoryPlanError:
     spec = max((b for b in program.buffers if b.role in ("temp", "const") and b.node is not None),
                key=lambda b: b.nbytes)
     node = graph[spec.node]
-    return MemoryPlanError(f"the compiled step {what}; its largest value is {_forward_label(graph, node)}: "
-                           f"shape {tuple(spec.shape)} {np.dtype(spec.dtype).name}, "
-                           f"{format_bytes(spec.nbytes)} ({spec.nbytes} bytes)", op=node.op.label, site=node.site)
+    return MemoryPlanError(f"the compiled step {what}; its largest value is "
+                           f"{_forward_label(graph, node)}: shape {tuple(spec.shape)} "
+                           f"{np.dtype(spec.dtype).name}, {format_bytes(spec.nbytes)} "
+                           f"({spec.nbytes} bytes)", op=node.op.label, site=node.site)
 
 
 def _library_flops(graph: Graph, step: LibraryStep) -> int:

@@ -38,7 +38,8 @@ def _feeds(seed: int, rows: int, cols: int) -> dict[str, np.ndarray]:
 def _wrong_results(call: Callable, outputs, calls: int, rows: int, cols: int) -> list[str]:
     """Run `call(feeds)` from THREADS threads started together, `calls` times each, cycling
     through feeds of the thread's own; the description of every output unlike the reference's."""
-    cases = {(t, k): _feeds(100 * t + k, rows, cols) for t in range(THREADS) for k in range(FEEDS_PER_THREAD)}
+    cases = {(t, k): _feeds(100 * t + k, rows, cols)
+             for t in range(THREADS) for k in range(FEEDS_PER_THREAD)}
     wanted = {key: gc.evaluate(outputs, feeds) for key, feeds in cases.items()}
     wrong, errors = [], []
     barrier = threading.Barrier(THREADS)
@@ -89,5 +90,6 @@ def test_cuda_executable_called_from_four_threads_gives_every_result_right():
     require_cuda()
     outputs = _step_outputs(2, 3)
     step = gc.compile(outputs, target="cuda")
-    wrong = _wrong_results(lambda feeds: step(to_host=True, **feeds), outputs, calls=5, rows=2, cols=3)
+    wrong = _wrong_results(lambda feeds: step(to_host=True, **feeds), outputs, calls=5,
+                           rows=2, cols=3)
     assert not wrong, wrong

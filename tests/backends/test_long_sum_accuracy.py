@@ -20,7 +20,8 @@ RTOL = 1e-6
 
 
 def _values(shape) -> list[np.ndarray]:
-    return [np.full(shape, 0.1, np.float32), np.random.default_rng(5).random(shape, dtype=np.float32)]
+    uniform = np.random.default_rng(5).random(shape, dtype=np.float32)
+    return [np.full(shape, 0.1, np.float32), uniform]
 
 
 def _assert_close(got, values: np.ndarray, axis, mean: bool) -> None:

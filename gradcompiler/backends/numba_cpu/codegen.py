@@ -137,8 +137,8 @@ def _plan_reduction(index: int, red: Reduction, dtype, phase: int, domain: tuple
     # a chain along the innermost loop: a register row, or the register of a rank-1 domain
     chain = row == "register" or (rank == 1 and register == 0)
     blocked = chain and _wide(red.mode, np.dtype(dtype)).kind == "f" and domain[-1] > ROW_SPLIT
-    return _ReductionPlan(index, red, np.dtype(dtype), phase, row, level, register, combine, 0 in axes,
-                          kept, blocked)
+    return _ReductionPlan(index, red, np.dtype(dtype), phase, row, level, register, combine,
+                          0 in axes, kept, blocked)
 
 
 class _Writer:
@@ -159,7 +159,8 @@ class _Writer:
         for p, phase in enumerate(kernel.phases):
             for red in phase.reductions:
                 dtype = next(i.dtype for i in phase.instrs if i.var == red.var)
-                plan = _plan_reduction(len(self.plans), red, dtype, p, kernel.domain, "reassoc" in fastmath)
+                reassociate = "reassoc" in fastmath
+                plan = _plan_reduction(len(self.plans), red, dtype, p, kernel.domain, reassociate)
                 self.plans.append(plan)
                 if plan.row == "buffer":
                     self._add_scratch(f"w{plan.index}", plan.dtype, kernel.domain[-1])
@@ -253,7 +254,8 @@ class _Writer:
         else:
             self._write(depth, plan, value)
 
-    def _innermost_loop(self, depth: int, lo: str, hi: str, plans: list[_ReductionPlan], body) -> None:
+    def _innermost_loop(self, depth: int, lo: str, hi: str, plans: list[_ReductionPlan],
+                        body) -> None:
         """`for i<last> in range(lo, hi)` around `body(depth)`; in blocks of ROW_SPLIT points if
         `plans` chain along it, each block summed in `u<r>` and added to the wide register."""
         axis = self.rank - 1
@@ -377,7 +379,8 @@ class _Writer:
                 self._phase_level(depth, p, 0)
 
         if self.rank == 1:
-            self._innermost_loop(1, "lo", "hi", [plan for plan in self.plans if plan.blocked], phases)
+            blocked = [plan for plan in self.plans if plan.blocked]
+            self._innermost_loop(1, "lo", "hi", blocked, phases)
         else:
             self.emit(1, "for i0 in range(lo, hi):")
             phases(2)

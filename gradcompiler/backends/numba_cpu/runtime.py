@@ -207,7 +207,8 @@ class Runner:
         with self.lock:
             return self._run(feeds, out)
 
-    def _run(self, feeds: dict[str, np.ndarray], out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
+    def _run(self, feeds: dict[str, np.ndarray],
+             out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
         arrays, direct = self._output_arrays(out)
         self.driver(*(feeds[self.program.buffers[b].feed_name] for b in self.feeds), *arrays)
         results, handed = [], set()

@@ -157,7 +157,8 @@ class CudaRunner:
         return buffers
 
     def run(self, feeds: Mapping[str, Any], to_host: bool = False, stream: Any = 0) -> list[Any]:
-        """Run every step on device `feeds` (by name); the outputs, shaped, on the device or the host.
+        """Run every step on device `feeds` (by name); the outputs, shaped, on the device or
+        the host.
 
         Holds `lock` throughout: the steps write the executable's own buffers."""
         with self.lock:
