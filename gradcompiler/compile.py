@@ -12,12 +12,15 @@ compiles it. The Executable keeps every stage for inspection: `.graph`
 (optimised), `.plan` (fusion), `.context` (pass stats, memory plan),
 `.program` (Kernel IR), `.kernels` (one `KernelInfo` per step).
 
-An Executable owns its buffers, so one instance must not be called from two
-threads at once.
+An Executable owns its buffers, so calls to one instance from several threads
+are serialised by a lock of its own (`numba_cpu.runtime`, `numba_cuda.executable`):
+each result is right, and threads that want to run at the same time compile
+an executable each.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +33,7 @@ from gradcompiler.passes.pipeline import FUSE, MEMORY, debug_from_env, optimize,
 
 from .backends import require_target
 from .dot import to_dot
-from .errors import DTypeError, FeedError, GraphError, NonFiniteError
+from .errors import DTypeError, FeedError, GraphError, MemoryPlanError, NonFiniteError
 from .feeds import validate_feeds
 from .frontend.tensor import Tensor
 from .ir import Graph, Node, call_site
@@ -39,6 +42,7 @@ from .ops.linalg import BatchedMatrixMul, MatrixMul
 from .ops.source import Placeholder
 from .reference import first_non_finite
 from .report import format_report
+from .units import format_bytes
 
 
 @dataclass
@@ -87,6 +91,50 @@ def _check_dtypes(graph: Graph, target: str) -> None:
     if half is not None:
         raise DTypeError(f"the cpu target cannot compute float16 ({_describe(half)}); cast to float32, "
                          "or compile for target='cuda'", op=half.op.label, site=half.site)
+
+
+def _memory_limit(target: str) -> int:
+    """Bytes a step's buffers may take on `target`: the machine's physical memory (cpu) or
+    the device's (cuda); 2**63 (what an index can address) where it cannot be read."""
+    try:
+        if target == "cuda":
+            from numba import cuda
+
+            return int(cuda.current_context().get_memory_info()[1])
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except Exception:  # noqa: BLE001 - no figure to read: only the addressable limit applies
+        return 2**63
+
+
+def _planned_bytes(program: Program, arena_sizes) -> int:
+    """Bytes the executable allocates: the plan's arenas, and temps and constants outside them."""
+    outside = [spec.nbytes for spec in program.buffers if spec.role == "const"
+               or (spec.role == "temp" and (spec.storage is None or not arena_sizes))]
+    return sum(arena_sizes or ()) + sum(outside)
+
+
+def _check_memory(graph: Graph, program: Program, arena_sizes, target: str,
+                  limit: int | None = None) -> None:
+    """Refuse, before anything is allocated, a step whose buffers cannot exist, naming the
+    largest value (its op, the user's line, shape and bytes): numpy's own MemoryError for a
+    plan of terabytes names nothing the user wrote, and a shape of 2**40 × 2**40 elements
+    overflows every int64 size and index."""
+    limit = _memory_limit(target) if limit is None else limit
+    total = _planned_bytes(program, arena_sizes)
+    if total <= limit:
+        return
+    raise _memory_error(graph, program, f"needs {format_bytes(total)} ({total} bytes), more than "
+                        f"the {format_bytes(limit)} of memory of target '{target}'")
+
+
+def _memory_error(graph: Graph, program: Program, what: str) -> MemoryPlanError:
+    spec = max((b for b in program.buffers if b.role in ("temp", "const") and b.node is not None),
+               key=lambda b: b.nbytes)
+    node = graph[spec.node]
+    return MemoryPlanError(f"the compiled step {what}; its largest value is "
+                           f"{_forward_label(graph, node)}: shape {tuple(spec.shape)} "
+                           f"{np.dtype(spec.dtype).name}, {format_bytes(spec.nbytes)} "
+                           f"({spec.nbytes} bytes)", op=node.op.label, site=node.site)
 
 
 def _library_flops(graph: Graph, step: LibraryStep) -> int:
@@ -226,6 +274,15 @@ def _merged_feeds(feeds: Mapping[str, Any] | None, named: Mapping[str, Any]) -> 
     return {**(feeds or {}), **named}
 
 
+def _allocating(graph: Graph, program: Program, build):
+    """`build()`, with a MemoryError of its allocations (memory the check could not foresee:
+    other processes, limits of the process) told as `_memory_error`."""
+    try:
+        return build()
+    except MemoryError as err:
+        raise _memory_error(graph, program, f"cannot be allocated ({err})") from None
+
+
 def cache_info() -> dict:
     """Counters of the kernel cache in this process (module and Numba hits, compiles) and its directory."""
     from .backends.numba_cpu.cache import cache_info as info
@@ -278,21 +335,22 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     start = time.perf_counter()
     program = lower(graph, ctx.fusion, ctx.memory)
     timings["lowering"] = time.perf_counter() - start
+    arena_sizes = ctx.memory.buffer_sizes if ctx.memory else None
+    _check_memory(graph, program, arena_sizes, target)
     start = time.perf_counter()
     labels = [_step_label(graph, step) for step in program.steps]
     if target == "cuda":
         from .backends.numba_cuda.executable import CudaBuildOptions, build as build_cuda
 
-        result = build_cuda(program, CudaBuildOptions(debug=debug, step_labels=labels,
-                                                      arena_sizes=ctx.memory.buffer_sizes if ctx.memory else None))
+        result = _allocating(graph, program, lambda: build_cuda(
+            program, CudaBuildOptions(debug=debug, step_labels=labels, arena_sizes=arena_sizes)))
         timings["codegen+numba"] = time.perf_counter() - start
         return DeviceExecutable(graph, source_graph, ctx, program, result, single, timings)
     from .backends import numba_cpu  # imports Numba: only when compiling
 
     options = numba_cpu.BuildOptions(fastmath=numba_cpu.fastmath_flags(fastmath), debug=debug,
                                      parallel_min_points=numba_cpu.PARALLEL_MIN_POINTS,
-                                     arena_sizes=ctx.memory.buffer_sizes if ctx.memory else None,
-                                     step_labels=labels)
-    result = numba_cpu.build(program, options)
+                                     arena_sizes=arena_sizes, step_labels=labels)
+    result = _allocating(graph, program, lambda: numba_cpu.build(program, options))
     timings["codegen+numba"] = time.perf_counter() - start
     return Executable(graph, source_graph, ctx, program, result, single, timings)

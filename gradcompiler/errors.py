@@ -43,6 +43,10 @@ class GraphError(BuildError):
     """A malformed graph: a cycle, a node from another graph, a missing name."""
 
 
+class MemoryPlanError(BuildError, MemoryError):
+    """A compiled step's buffers cannot exist: more bytes than the target's memory."""
+
+
 class NotDifferentiableError(BuildError, NotImplementedError):
     """A gradient was asked for that does not exist or is not implemented."""
 

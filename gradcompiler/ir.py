@@ -25,6 +25,7 @@ own line.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -71,7 +72,7 @@ class TensorType:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

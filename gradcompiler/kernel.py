@@ -33,6 +33,7 @@ once; `KernelStep` binds a kernel to the program's buffers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,7 +132,7 @@ class LoopKernel:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.domain, dtype=np.int64))
+        return math.prod(self.domain)
 
     def reductions(self) -> list[Reduction]:
         return [r for phase in self.phases for r in phase.reductions]
@@ -170,7 +171,7 @@ class BufferSpec:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -24,6 +24,8 @@ to equal kernels whatever their node ids.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from gradcompiler.cones import ConeWalker, node_class, reduced_axes
@@ -44,7 +46,7 @@ from gradcompiler.kernel import (
     RowValue,
     Store,
 )
-from gradcompiler.ops.elemwise import Elemwise, StopGradient
+from gradcompiler.ops.elemwise import Cast, Elemwise, StopGradient
 from gradcompiler.ops.reduce import Reduce
 from gradcompiler.ops.shape import FastpathCopy
 from gradcompiler.ops.source import Constant, Fill, Placeholder
@@ -124,7 +126,7 @@ class _LoopEmitter(ConeWalker[int]):
 
     def _node_param(self, node: Node, role: str) -> int:
         if role == "row":
-            size = int(np.prod(node.type.shape[1:], dtype=np.int64))
+            size = math.prod(node.type.shape[1:])
             return self._param(("row", node.id), "row", node.type.dtype, size, None)
         return self._param((role, node.id), role, node.type.dtype, node.type.size, self.program.buffer(node.id))
 
@@ -184,7 +186,9 @@ class _LoopEmitter(ConeWalker[int]):
         axes = reduced_axes(self.graph, node)
         if mode == "SUM_SQR":
             var = self._emit(Compute(Elemwise("MUL"), (var, var)), node.type.dtype)
-        divisor = int(np.prod([self.loop.domain[a] for a in axes], dtype=np.int64)) if mode == "MEAN" else None
+        if self.graph[node.inputs[0]].type.dtype != node.type.dtype:  # an integer sum: in 64 bits
+            var = self._emit(Compute(Cast(node.type.dtype), (var,)), node.type.dtype)
+        divisor = math.prod([self.loop.domain[a] for a in axes]) if mode == "MEAN" else None
         if node.id in self.loop.outputs:
             param = self._node_param(node, "out")
         elif is_row_scalar(self.graph, node):

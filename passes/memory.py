@@ -34,6 +34,7 @@ views no stride can express (PixelShuffle): their reader remaps indices.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -144,11 +145,11 @@ def _peak_live_bytes(graph: Graph, lifetimes: dict[int, tuple[int, int]]) -> int
     if not lifetimes:
         return 0
     steps = max(last for _, last in lifetimes.values()) + 1
-    delta = np.zeros(steps + 1, dtype=np.int64)
+    delta = [0] * (steps + 1)  # Python ints, exact beyond int64 (refused at compile, not wrapped)
     for n, (first, last) in lifetimes.items():
         delta[first] += graph[n].type.nbytes
         delta[last + 1] -= graph[n].type.nbytes
-    return int(np.cumsum(delta).max())
+    return max(itertools.accumulate(delta))
 
 
 def unfused_peak_bytes(graph: Graph) -> int:
@@ -236,7 +237,8 @@ def _peak_occupied_bytes(sizes: list[int], buffer_of: dict[int, int],
     occupied = np.zeros((len(sizes), steps), dtype=bool)
     for n, (first, last) in lifetimes.items():
         occupied[buffer_of[n], first:last + 1] = True
-    return int((np.asarray(sizes, dtype=np.int64)[:, None] * occupied).sum(axis=0).max())
+    # Python ints, as in _peak_live_bytes
+    return max(sum(size for size, live in zip(sizes, column) if live) for column in occupied.T)
 
 
 def plan_memory(graph: Graph, plan: FusionPlan | None = None) -> MemoryPlan:

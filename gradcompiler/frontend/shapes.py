@@ -5,6 +5,7 @@ into the explicit parameters the ops carry.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -33,7 +34,7 @@ def reshape(x: Tensor, shape) -> Tensor:
     if any(d < -1 for d in shape):
         raise ShapeError(f"target shape {shape} has a negative size", op=op.label)
     if -1 in shape:
-        known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+        known = math.prod([d for d in shape if d != -1])
         if known == 0 or x.size % known:
             raise ShapeError(f"cannot reshape {x.shape} ({x.size} elements) to {shape}", op=op.label)
         shape = tuple(x.size // known if d == -1 else int(d) for d in shape)

@@ -25,6 +25,7 @@ self-describing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
@@ -226,7 +227,7 @@ def scatter_positions(op: Op, shape: tuple[int, ...], indices: Sequence[np.ndarr
     Gathering from a grid of positions gives exactly where each value
     element lands, so scatter-add and last-write-wins share one definition.
     """
-    grid = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
+    grid = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
     return grid[_advanced_index(op, shape, indices)].ravel()
 
 

@@ -9,6 +9,7 @@ superset of MegEngine's (recommended by op-reference §5.2).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +44,7 @@ class MatrixMul(Op):
 
     @staticmethod
     def flat(shape: tuple[int, ...]) -> tuple[int, int]:
-        return int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+        return math.prod(shape[:-1]), shape[-1]
 
     def matrix_shapes(self, a: TensorType, b: TensorType) -> tuple[tuple[int, int], tuple[int, int]]:
         """The 2-D operand shapes after flattening, before the flags."""

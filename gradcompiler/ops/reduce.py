@@ -21,6 +21,21 @@ from .common import check_shape_tuple, require_float
 REDUCE_MODES = ("SUM", "MEAN", "MAX", "MIN", "PRODUCT", "SUM_SQR")
 
 
+def reduce_dtype(mode: str, dtype: np.dtype) -> np.dtype:
+    """The dtype of a `mode` reduction of `dtype`, numpy's: a sum or product of bools or of
+    integers is int64 (uint64 for unsigned ones), as `np.sum` gives, where a sum in int32
+    would wrap (4 × 2**30 → 0) without a word; every other reduction keeps the dtype."""
+    dtype = np.dtype(dtype)
+    if mode in ("SUM", "PRODUCT") and dtype.kind in "biu":
+        return np.dtype(np.uint64 if dtype.kind == "u" else np.int64)
+    return dtype
+
+
+def accumulation_dtype(mode: str, dtype: np.dtype) -> np.dtype:
+    """What the reference accumulates a `mode` reduction of `dtype` in: float64 for floats."""
+    return np.dtype(np.float64) if np.dtype(dtype).kind == "f" else reduce_dtype(mode, dtype)
+
+
 @dataclass(frozen=True)
 class Reduce(Op):
     mode: str
@@ -45,8 +60,9 @@ class Reduce(Op):
                 raise self.shape_error(f"axes {self.axes} must be sorted, unique and in [0, {x.ndim}) for shape {x.shape}")
         if self.mode in ("MEAN", "SUM_SQR"):
             require_float(self, x)
-        if x.dtype == np.bool_:
-            raise DTypeError("cannot reduce a bool tensor; cast it first", op=self.label)
+        if x.dtype == np.bool_ and self.mode not in ("SUM", "PRODUCT"):
+            raise DTypeError(f"cannot {self.mode} a bool tensor of shape {x.shape}; cast it first",
+                             op=self.label)
         axes = self.reduced_axes(x.ndim)
         if self.axes is None:
             shape = ()
@@ -61,16 +77,20 @@ class Reduce(Op):
             raise self.shape_error(
                 f"cannot reduce the empty axis {empty_axes[0]} of shape {x.shape}: the result "
                 f"{shape} would hold {self.mode} of no elements")
-        return TensorType(shape, x.dtype)
+        return TensorType(shape, reduce_dtype(self.mode, x.dtype))
 
     def reference(self, x: np.ndarray) -> np.ndarray:
+        """numpy's reduction, accumulated in float64 for floats (numpy sums a float32 column
+        in float32, row after row, 1e-5 off over a few thousand rows; the compiled kernels
+        accumulate in float64 too), rounded once to the result's dtype."""
         axis = self.axes
         keep = self.keepdims and axis is not None
+        acc = accumulation_dtype(self.mode, x.dtype)
         with np.errstate(all="ignore"):
             if self.mode == "SUM":
-                out = np.sum(x, axis=axis, keepdims=keep, dtype=x.dtype)
+                out = np.sum(x, axis=axis, keepdims=keep, dtype=acc)
             elif self.mode == "MEAN":
-                out = np.mean(x, axis=axis, keepdims=keep, dtype=x.dtype)
+                out = np.mean(x, axis=axis, keepdims=keep, dtype=acc)
             elif self.mode in ("MAX", "MIN") and x.size == 0:
                 # only an empty result gets here (infer refuses the rest); numpy refuses any
                 # zero-size max, empty result or not
@@ -80,10 +100,10 @@ class Reduce(Op):
             elif self.mode == "MIN":
                 out = np.min(x, axis=axis, keepdims=keep)
             elif self.mode == "PRODUCT":
-                out = np.prod(x, axis=axis, keepdims=keep, dtype=x.dtype)
+                out = np.prod(x, axis=axis, keepdims=keep, dtype=acc)
             else:
-                out = np.sum(x * x, axis=axis, keepdims=keep, dtype=x.dtype)
-        return np.asarray(out, dtype=x.dtype)
+                out = np.sum(np.square(x, dtype=acc), axis=axis, keepdims=keep, dtype=acc)
+        return np.asarray(out, dtype=reduce_dtype(self.mode, x.dtype))
 
 
 def reduce_to_axes(x_shape: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...] | None:

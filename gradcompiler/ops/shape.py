@@ -8,6 +8,7 @@ final in the op (the frontend resolves Reshape's -1 and Broadcast's None).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,7 @@ class Reshape(Op):
 
     def infer(self, x: TensorType) -> TensorType:
         target = check_shape_tuple(self, self.shape)
-        if int(np.prod(target, dtype=np.int64)) != x.size:
+        if math.prod(target) != x.size:
             raise self.shape_error(f"cannot reshape {x.shape} ({x.size} elements) to {target}")
         return TensorType(target, x.dtype)
 
@@ -181,7 +182,7 @@ def _regroup_pixel_blocks(x: np.ndarray, split: tuple[int, ...], perm: tuple[int
     permutation differ, so both references go through here.
     """
     lead = x.shape[:-3]
-    batch = int(np.prod(lead, dtype=np.int64))
+    batch = math.prod(lead)
     y = x.reshape(batch, *split).transpose(perm)
     return np.ascontiguousarray(y).reshape(*lead, *out_chw)
 

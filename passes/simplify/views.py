@@ -9,6 +9,7 @@ is that value times the number of copies.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -116,9 +117,9 @@ def reduce_of_broadcast(graph: Graph, node: Node, ctx: PassContext) -> int | Non
     target, vt = inner.type.shape, graph[v].type
     padded = (1,) * (len(target) - vt.ndim) + vt.shape
     axes = node.op.reduced_axes(len(target))
-    count = int(np.prod([target[a] for a in axes], dtype=np.int64))
-    if count == 0 or any(padded[a] != 1 for a in axes):
-        return None
+    count = math.prod([target[a] for a in axes])
+    if count == 0 or any(padded[a] != 1 for a in axes) or vt.dtype != node.type.dtype:
+        return None  # (a sum of integers is int64: v · count would keep v's narrower dtype)
     if any(padded[a] != target[a] for a in range(len(target)) if a not in axes):
         return None
     if node.op.mode == "SUM":

@@ -17,13 +17,21 @@ Loop structure (what makes it fast):
   the kernel loop altogether), so the innermost body is just the work.
 * Reductions never race and never stop vectorisation:
   - over the innermost axis: first in a register per row (LLVM vectorises
-    the accumulation: kernels are compiled with `reassoc`), so a long sum
-    adds rows of partial sums rather than millions of elements to one
-    accumulator (float32 error ~1e-6 instead of ~1e-4 on 16M elements);
+    the accumulation: kernels are compiled with `reassoc`); a row longer
+    than ROW_SPLIT, and a long rank-1 domain, is summed in blocks of
+    ROW_SPLIT points (the last one shorter), each block in a register of
+    the value's dtype, the blocks added in a wide accumulator, so every
+    length sums as accurately as every other;
   - then, or over outer axes only, in a register opened before the
     outermost reduced loop that has only reduced loops inside it, else by
     a read-modify-write of the target (a column sum adds a whole row into
     a per-thread row of partials);
+  - a float SUM or PRODUCT accumulates rows, blocks and per-thread partials
+    in float64 (`_wide`): a float32 chain of thousands of additions of like
+    values rounds the same way each time (the sum of 10^7 values of 0.1
+    was off by 1e-3), a float64 one does not, and one wide addition per
+    row or block costs nothing beside the block's vectorised loop; the
+    result is rounded to the value's dtype once, where it is stored;
   - without `reassoc` (a `fastmath` set that leaves it out), a reduction
     over the innermost axis stores its values to a per-thread row buffer
     in the loop, and `rowreduce.<mode>_row` (compiled with `reassoc` in its
@@ -41,17 +49,16 @@ Identifiers are sanitised (`p3`, `v17`, `i1`); numbers in the source are
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from ...cones import domain_index
-from ...index_expr import Index, ravel, substitute
-from ...kernel import Compute, Instr, Load, LoopKernel, Phase, Reduction, RowValue
-from .scalar_ops import literal, reduction_identity, scalar_expr
-
-ROW_SPLIT = 1024
-"""Row length a long rank-1 kernel is split into (`split_long_vector`)."""
+from ...index_expr import Index, ravel
+from ...kernel import Compute, Load, LoopKernel, Reduction, RowValue
+from .rowreduce import ROW_SPLIT
+from .scalar_ops import literal, numba_type_name, reduction_identity, scalar_expr
 
 _COMBINE = {
     "SUM": "{a} + {b}",
@@ -80,6 +87,11 @@ def _at(array: str, flat: str) -> str:
     return f"{array}[np.uint64({flat})]"
 
 
+def _wide(mode: str, dtype: np.dtype) -> np.dtype:
+    """The dtype rows, blocks and partials of a reduction accumulate in (module docstring)."""
+    return np.dtype(np.float64) if mode in ("SUM", "PRODUCT") and dtype.kind == "f" else dtype
+
+
 @dataclass
 class _ReductionPlan:
     """Where reduction `index` accumulates (see the module docstring)."""
@@ -94,13 +106,20 @@ class _ReductionPlan:
     combine: bool  # the target is read-modified-written (needs an init)
     cross: bool  # reduces over axis 0 (per-thread partials)
     kept: tuple[int, ...]
+    blocked: bool  # the innermost loop's chain is summed in blocks of ROW_SPLIT
+
+    @property
+    def wide(self) -> np.dtype:
+        return _wide(self.red.mode, self.dtype)
 
     @property
     def write_level(self) -> int:
         return self.register_level - 1 if self.register_level is not None else self.value_level
 
 
-def _plan_reduction(index: int, red: Reduction, dtype, phase: int, rank: int, reassociate: bool) -> _ReductionPlan:
+def _plan_reduction(index: int, red: Reduction, dtype, phase: int, domain: tuple[int, ...],
+                    reassociate: bool) -> _ReductionPlan:
+    rank = len(domain)
     axes = set(red.axes)
     # MAX and MIN always reduce a row buffer: their helpers keep a NaN met on the way in a
     # second select, which vectorises; a register chain that tests for NaN does not
@@ -115,7 +134,11 @@ def _plan_reduction(index: int, red: Reduction, dtype, phase: int, rank: int, re
     scope = register if register is not None else level + 1
     combine = any(a < scope for a in remaining)
     kept = tuple(k for k in range(rank) if k not in axes)
-    return _ReductionPlan(index, red, np.dtype(dtype), phase, row, level, register, combine, 0 in axes, kept)
+    # a chain along the innermost loop: a register row, or the register of a rank-1 domain
+    chain = row == "register" or (rank == 1 and register == 0)
+    blocked = chain and _wide(red.mode, np.dtype(dtype)).kind == "f" and domain[-1] > ROW_SPLIT
+    return _ReductionPlan(index, red, np.dtype(dtype), phase, row, level, register, combine,
+                          0 in axes, kept, blocked)
 
 
 class _Writer:
@@ -136,12 +159,13 @@ class _Writer:
         for p, phase in enumerate(kernel.phases):
             for red in phase.reductions:
                 dtype = next(i.dtype for i in phase.instrs if i.var == red.var)
-                plan = _plan_reduction(len(self.plans), red, dtype, p, self.rank, "reassoc" in fastmath)
+                reassociate = "reassoc" in fastmath
+                plan = _plan_reduction(len(self.plans), red, dtype, p, kernel.domain, reassociate)
                 self.plans.append(plan)
                 if plan.row == "buffer":
                     self._add_scratch(f"w{plan.index}", plan.dtype, kernel.domain[-1])
                 if plan.cross:
-                    self._add_scratch(f"q{plan.index}", plan.dtype, self._kept_size(plan))
+                    self._add_scratch(f"q{plan.index}", plan.wide, self._kept_size(plan))
         for phase in kernel.phases:
             for instr in phase.instrs:
                 self.level[instr.var] = self._instr_level(instr)
@@ -153,7 +177,7 @@ class _Writer:
         self.scratch_names.append(name)
 
     def _kept_size(self, plan: _ReductionPlan) -> int:
-        return int(np.prod([self.kernel.domain[k] for k in plan.kept], dtype=np.int64))
+        return math.prod([self.kernel.domain[k] for k in plan.kept])
 
     def _instr_level(self, instr) -> int:
         expr = instr.expr
@@ -203,9 +227,10 @@ class _Writer:
         return _at(f"p{plan.red.param}", self._kept_flat(plan, plan.kept))
 
     def _finalised(self, plan: _ReductionPlan, value: str) -> str:
-        if plan.red.divisor is None:
-            return value
-        return f"{value} / {literal(plan.red.divisor, plan.dtype)}"
+        """The reduced value in the reduction's dtype (divided, for a mean), from its wide one."""
+        if plan.red.divisor is not None:
+            value = f"{value} / {literal(plan.red.divisor, plan.wide)}"
+        return value if plan.wide == plan.dtype else f"{numba_type_name(plan.dtype)}({value})"
 
     def _write(self, depth: int, plan: _ReductionPlan, value: str) -> None:
         """Put a (partial) reduced value where the reduction accumulates."""
@@ -224,15 +249,35 @@ class _Writer:
 
     def _update(self, depth: int, plan: _ReductionPlan, value: str) -> None:
         if plan.register_level is not None:
-            self.emit(depth, f"a{plan.index} = {_COMBINE[plan.red.mode].format(a=f'a{plan.index}', b=value)}")
+            register = f"u{plan.index}" if plan.blocked and self.rank == 1 else f"a{plan.index}"
+            self.emit(depth, f"{register} = {_COMBINE[plan.red.mode].format(a=register, b=value)}")
         else:
             self._write(depth, plan, value)
+
+    def _innermost_loop(self, depth: int, lo: str, hi: str, plans: list[_ReductionPlan],
+                        body) -> None:
+        """`for i<last> in range(lo, hi)` around `body(depth)`; in blocks of ROW_SPLIT points if
+        `plans` chain along it, each block summed in `u<r>` and added to the wide register."""
+        axis = self.rank - 1
+        if not plans:
+            self.emit(depth, f"for i{axis} in range({lo}, {hi}):")
+            body(depth + 1)
+            return
+        self.emit(depth, f"for j{axis} in range({lo}, {hi}, {ROW_SPLIT}):")
+        for plan in plans:
+            self.emit(depth + 1, f"u{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")
+        self.emit(depth + 1, f"for i{axis} in range(j{axis}, min(j{axis} + {ROW_SPLIT}, {hi})):")
+        body(depth + 2)
+        for plan in plans:
+            register = f"s{plan.index}" if plan.row else f"a{plan.index}"
+            combine = _COMBINE[plan.red.mode].format(a=register, b=f"u{plan.index}")
+            self.emit(depth + 1, f"{register} = {combine}")
 
     def _row_slice_loop(self, depth: int, plan: _ReductionPlan, body: str) -> None:
         """`body` over the row-`i0` slice of a row-local target, as `{t}` = the element."""
         spec = self.kernel.params[plan.red.param]
         inner = tuple(k for k in plan.kept if k != 0)
-        size = int(np.prod([self.kernel.domain[k] for k in inner], dtype=np.int64))
+        size = math.prod([self.kernel.domain[k] for k in inner])
         base = f"c * {spec.size}" if spec.role == "row" else f"i0 * {size}"
         element = _at(f"p{plan.red.param}", f"{base} + t{plan.index}")
         self.emit(depth, f"for t{plan.index} in range({size}):")
@@ -251,21 +296,27 @@ class _Writer:
                     self._row_slice_loop(depth, plan, "{t} = " + reduction_identity(plan.red.mode, plan.dtype))
         for plan in mine:
             if plan.register_level == level + 1:
-                self.emit(depth, f"a{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")
+                self.emit(depth, f"a{plan.index} = {reduction_identity(plan.red.mode, plan.wide)}")
         if level < self.rank - 1:
             inner = level + 1
             for plan in mine:
                 if plan.row == "register" and plan.value_level == level:
-                    self.emit(depth, f"s{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")
-            self.emit(depth, f"for i{inner} in range({self.kernel.domain[inner]}):")
-            self._phase_level(depth + 1, p, inner)
+                    dtype = plan.wide if plan.blocked else plan.dtype
+                    self.emit(depth, f"s{plan.index} = {reduction_identity(plan.red.mode, dtype)}")
+            if inner == self.rank - 1:
+                blocked = [plan for plan in mine if plan.blocked]
+                self._innermost_loop(depth, "0", str(self.kernel.domain[inner]), blocked,
+                                     lambda d: self._phase_level(d, p, inner))
+            else:
+                self.emit(depth, f"for i{inner} in range({self.kernel.domain[inner]}):")
+                self._phase_level(depth + 1, p, inner)
             for plan in mine:
                 if plan.row and plan.value_level == level:
                     if plan.row == "buffer":
                         w = self.kernel.domain[-1]
                         helper = _ROW_HELPER[plan.red.mode]
                         self.helpers.add(helper)
-                        init = reduction_identity(plan.red.mode, plan.dtype)
+                        init = reduction_identity(plan.red.mode, plan.wide)
                         self.emit(depth, f"s{plan.index} = {helper}(w{plan.index}, c * {w}, {w}, {init})")
                     self._update(depth, plan, f"s{plan.index}")
             for plan in mine:
@@ -284,8 +335,9 @@ class _Writer:
                     row = _at(f"w{plan.index}", f"c * {self.kernel.domain[-1]} + i{self.rank - 1}")
                     self.emit(depth, f"{row} = {value}")
                 elif plan.row == "register":
-                    combine = _COMBINE[plan.red.mode].format(a=f"s{plan.index}", b=value)
-                    self.emit(depth, f"s{plan.index} = {combine}")
+                    register = f"u{plan.index}" if plan.blocked else f"s{plan.index}"
+                    combine = _COMBINE[plan.red.mode].format(a=register, b=value)
+                    self.emit(depth, f"{register} = {combine}")
                 else:
                     self._update(depth, plan, value)
         if level == 0:
@@ -318,12 +370,20 @@ class _Writer:
                 size = self._kept_size(plan)
                 self.emit(1, f"for t{plan.index} in range({size}):")
                 self.emit(2, f"{_at(f'q{plan.index}', f'c * {size} + t{plan.index}')} = "
-                             f"{reduction_identity(plan.red.mode, plan.dtype)}")
+                             f"{reduction_identity(plan.red.mode, plan.wide)}")
             if plan.register_level == 0:
-                self.emit(1, f"a{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")
-        self.emit(1, "for i0 in range(lo, hi):")
-        for p in range(len(self.kernel.phases)):
-            self._phase_level(2, p, 0)
+                self.emit(1, f"a{plan.index} = {reduction_identity(plan.red.mode, plan.wide)}")
+
+        def phases(depth: int) -> None:
+            for p in range(len(self.kernel.phases)):
+                self._phase_level(depth, p, 0)
+
+        if self.rank == 1:
+            blocked = [plan for plan in self.plans if plan.blocked]
+            self._innermost_loop(1, "lo", "hi", blocked, phases)
+        else:
+            self.emit(1, "for i0 in range(lo, hi):")
+            phases(2)
         for plan in self.plans:
             if plan.register_level == 0:
                 self._write(1, plan, f"a{plan.index}")
@@ -384,34 +444,6 @@ class _Writer:
         return KernelSource(text, tuple(self.scratch), self.parallel)
 
 
-def split_long_vector(kernel: LoopKernel) -> LoopKernel:
-    """A long rank-1 kernel as rows of ROW_SPLIT points (the same points, in the same order).
-
-    A rank-1 loop has no inner loop to vectorise a row sum in, so a long
-    sum would pile millions of elements onto one accumulator; as rows, it
-    sums each row in a register and then adds up the rows.
-    """
-    (n,) = kernel.domain
-    if n < 16 * ROW_SPLIT or n % ROW_SPLIT:
-        return kernel
-    domain = (n // ROW_SPLIT, ROW_SPLIT)
-    flat = {0: Index.axis(0) * ROW_SPLIT + Index.axis(1)}
-
-    def load(instr: Instr) -> Instr:
-        if not isinstance(instr.expr, Load):
-            return instr
-        index = substitute(instr.expr.index, flat, domain)
-        return Instr(instr.var, Load(instr.expr.param, index), instr.dtype)
-
-    phases = tuple(
-        Phase(tuple(load(i) for i in phase.instrs), phase.stores,
-              tuple(replace(r, axes=(0, 1) if r.axes == (0,) else r.axes) for r in phase.reductions))
-        for phase in kernel.phases)
-    return LoopKernel(domain, kernel.params, phases)
-
-
 def generate(kernel: LoopKernel, parallel: bool, fastmath: frozenset[str] = frozenset()) -> KernelSource:
     """The module source of `kernel` (module docstring)."""
-    if len(kernel.domain) == 1:
-        kernel = split_long_vector(kernel)
     return _Writer(kernel, parallel and len(kernel.domain) > 0, fastmath).source()

@@ -26,6 +26,7 @@ uses the same partition, so the last write in row-major order wins (§7.3).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -153,7 +154,7 @@ class _Plan:
 
 
 def _plan(items: tuple, shape: tuple[int, ...], index_shapes: Sequence[tuple[int, ...]]) -> _Plan:
-    strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
     lengths, steps, base = list(shape), [1] * len(shape), 0
     for item in items:
         if isinstance(item, SliceItem):
@@ -276,8 +277,8 @@ def _one_hot_scatter(out, index, sub):
 
 def _one_hot_views(shape: tuple[int, ...], axis: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(before, axis, after) and (before, after): the shapes the one-hot loops see."""
-    before = int(np.prod(shape[:axis], dtype=np.int64))
-    after = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    before = math.prod(shape[:axis])
+    after = math.prod(shape[axis + 1:])
     return (before, shape[axis], after), (before, after)
 
 

@@ -9,7 +9,8 @@ scaling in `mathfuncs`), so a kernel stores the values of an innermost
 reduction to a per-thread row buffer, in a loop that vectorises, and
 reduces the row with these functions, compiled with `reassoc` in their own
 scope. Summation order then differs from a sequential sum by the usual
-rounding, never by overflow: only additions are reassociated.
+rounding, never by overflow: only additions are reassociated. A long row
+is summed in blocks, as a register row is (`codegen` module docstring).
 """
 
 from __future__ import annotations
@@ -17,21 +18,32 @@ from __future__ import annotations
 from numba import njit
 
 _REASSOCIATE = {"reassoc", "contract"}
+ROW_SPLIT = 1024
+"""Block length of a long sum: each block is summed in the values' dtype (vectorised, each SIMD
+lane adding a few tens of values), the blocks in float64 (`codegen` module docstring)."""
 
 
 @njit(cache=True, nogil=True, fastmath=_REASSOCIATE)
 def sum_row(buf, start, n, init):
+    """Blocks of ROW_SPLIT values summed in the row's dtype, added to `init` (float64 for a
+    float row: the accumulator the generated code passes in), as a register row sums."""
     acc = init
-    for t in range(n):
-        acc += buf[start + t]
+    for lo in range(0, n, ROW_SPLIT):
+        part = buf[start + lo]
+        for t in range(lo + 1, min(lo + ROW_SPLIT, n)):
+            part += buf[start + t]
+        acc += part
     return acc
 
 
 @njit(cache=True, nogil=True, fastmath=_REASSOCIATE)
 def product_row(buf, start, n, init):
     acc = init
-    for t in range(n):
-        acc *= buf[start + t]
+    for lo in range(0, n, ROW_SPLIT):
+        part = buf[start + lo]
+        for t in range(lo + 1, min(lo + ROW_SPLIT, n)):
+            part *= buf[start + t]
+        acc *= part
     return acc
 
 

@@ -18,6 +18,14 @@ says so, so a loop of `step(**feeds)` allocates nothing), else a new one.
 An output held in memory only through a feed, a constant or another
 output is copied instead.
 
+Calls are serialised by a lock per Runner: the buffers, scratch rows and
+the arrays handed out last call are the executable's own, so two threads
+running the driver at once would write into each other's intermediates.
+A lock (rather than a buffer set per thread) keeps memory at one plan's
+worth, costs well under a microsecond per call, and lets kernels that are
+parallel use every core for one call at a time. Threads that want to run
+concurrently compile one executable each.
+
 The driver's source names only sanitised locals (`k3`, `b17`, `g2`); with
 `debug=True` it also calls `check(array, k)` after each step, and the
 description of step k (kernel name, forward op, user's line) comes from a
@@ -27,6 +35,7 @@ list, never from the source.
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -184,6 +193,7 @@ class Runner:
         for k, b in enumerate(program.outputs):
             self.first_output.setdefault(_root(program, b), k)
         self.owned: list[np.ndarray | None] = [None] * len(self.out_roots)  # our arrays handed out last call
+        self.lock = threading.Lock()  # one call at a time (module docstring)
 
     def _check(self, array: np.ndarray, step: int) -> None:
         if array.dtype.kind == "f" and not np.isfinite(array).all():
@@ -191,7 +201,14 @@ class Runner:
             raise NonFiniteError(f"{bad} non-finite value(s) after {self.step_labels[step]}")
 
     def run(self, feeds: dict[str, np.ndarray], out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
-        """Run the program; return the outputs, in `out`'s arrays if given (types already checked)."""
+        """Run the program; return the outputs, in `out`'s arrays if given (types already checked).
+
+        Holds `lock` throughout: the driver writes the executable's own buffers."""
+        with self.lock:
+            return self._run(feeds, out)
+
+    def _run(self, feeds: dict[str, np.ndarray],
+             out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
         arrays, direct = self._output_arrays(out)
         self.driver(*(feeds[self.program.buffers[b].feed_name] for b in self.feeds), *arrays)
         results, handed = [], set()

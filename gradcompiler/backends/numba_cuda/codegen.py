@@ -44,6 +44,7 @@ constants of the graph arrive as parameters.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,7 +163,7 @@ class _Writer:
         return self._at(plan.red.param, self._kept_flat(axes))
 
     def _size(self, axes) -> int:
-        return int(np.prod([self.kernel.domain[k] for k in axes], dtype=np.int64))
+        return math.prod([self.kernel.domain[k] for k in axes])
 
     def _finalised(self, plan: _Plan, value: str) -> str:
         return value if plan.red.divisor is None else f"{value} / {literal(plan.red.divisor, plan.dtype)}"
@@ -382,7 +383,7 @@ def block_for(kernel: LoopKernel, limit: int) -> int:
     covers a row (at least a warp), so more blocks fit on each multiprocessor."""
     if layout_of(kernel) != "rows":
         return limit
-    inner = int(np.prod(kernel.domain[1:], dtype=np.int64))
+    inner = math.prod(kernel.domain[1:])
     return min(limit, max(32, 1 << max(inner - 1, 0).bit_length()))
 
 

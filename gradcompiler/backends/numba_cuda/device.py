@@ -213,7 +213,7 @@ def checked_indices(indices: Sequence[Any], specs: Sequence[IndexSpec], block_sh
     a small kernel whose count of bad values is read back before the caller launches its own
     kernel. Either way a bad value raises IndexOutOfRangeError and no kernel reads it.
     """
-    count = int(np.prod(block_shape, dtype=np.int64))
+    count = math.prod(block_shape)
     if not indices or not count:
         return cuda.device_array((len(indices), 1), np.int64, stream=stream)
     if not any(is_device_array(i) for i in indices):

@@ -10,7 +10,10 @@ once, feeds are uploaded once per call (numpy) or used in place (device
 arrays, `__cuda_array_interface__`), and only what the caller asks for
 comes back (`to_host=True`). Storages that hold a graph output are
 allocated afresh per call, so the device arrays a call returns are never
-overwritten by the next call.
+overwritten by the next call. The other storages, scratch rows and partials
+are shared by every call, so calls are serialised by a lock per executable
+(as on the CPU, `numba_cpu.runtime`): a second host thread waits until the
+first call's kernels are enqueued and its outputs made.
 
 Each distinct `LoopKernel` is generated once per launch geometry
 (`codegen`), written to the module cache shared with the CPU backend
@@ -20,6 +23,7 @@ compiled by Numba when first launched.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Mapping, Sequence
@@ -128,6 +132,7 @@ class CudaRunner:
                     self.fixed[b] = arenas[spec.storage][: spec.nbytes].view(spec.dtype)
             elif spec.role == "temp" and b not in self.outputs:
                 self.fixed[b] = cuda.device_array(spec.size, spec.dtype)
+        self.lock = threading.Lock()  # one call at a time (module docstring)
 
     def _in_arena(self, b: int) -> bool:
         return self.program.buffers[b].storage is not None and bool(self.arena_sizes)
@@ -152,7 +157,14 @@ class CudaRunner:
         return buffers
 
     def run(self, feeds: Mapping[str, Any], to_host: bool = False, stream: Any = 0) -> list[Any]:
-        """Run every step on device `feeds` (by name); the outputs, shaped, on the device or the host."""
+        """Run every step on device `feeds` (by name); the outputs, shaped, on the device or
+        the host.
+
+        Holds `lock` throughout: the steps write the executable's own buffers."""
+        with self.lock:
+            return self._run(feeds, to_host, stream)
+
+    def _run(self, feeds: Mapping[str, Any], to_host: bool, stream: Any) -> list[Any]:
         buffers = self._buffers(feeds)
         for s, launch in enumerate(self.launches):
             launch(buffers, stream)

@@ -22,6 +22,7 @@ One-hot indexing views the data as (pre, n, post) and the index as
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -144,7 +145,7 @@ def _region_map(op: Op, data: TensorType, index_types: Sequence[TensorType]) -> 
 
     shape = tuple(d[0] for d in dims)
     return _RegionMap(
-        size=int(np.prod(shape, dtype=np.int64)), shape=device_constant(shape or (1,)),
+        size=math.prod(shape), shape=device_constant(shape or (1,)),
         coeff=device_constant([d[1] for d in dims] or [0]),
         block_coeff=device_constant([d[2] for d in dims] or [0]), base=base,
         axis_strides=device_constant([strides[a] for a in tensor_axes] or [0]),
@@ -238,7 +239,7 @@ class _OneHot:
 
     def __init__(self, op: IndexingOneHot | IndexingSetOneHot, data: TensorType, config: LaunchConfig):
         n = data.shape[op.axis]
-        self.n, self.post = n, int(np.prod(data.shape[op.axis + 1:], dtype=np.int64))
+        self.n, self.post = n, math.prod(data.shape[op.axis + 1:])
         self.index_shape = data.shape[:op.axis] + data.shape[op.axis + 1:]
         self.spec = IndexSpec(n, False, lambda v: one_hot_range_message(op, v, n))
         self.config = config
@@ -247,7 +248,7 @@ class _OneHot:
         return checked_indices([index], [self.spec], self.index_shape, self.config, stream)
 
     def grid(self, stream: Any) -> tuple:
-        return self.config.grid(int(np.prod(self.index_shape, dtype=np.int64))), self.config.block, stream
+        return self.config.grid(math.prod(self.index_shape)), self.config.block, stream
 
 
 class _OneHotGather(_OneHot):
@@ -289,7 +290,7 @@ def _copy_into_kernel(src, out, src_row, out_row, offset):
 
 class _Concat:
     def __init__(self, op: Concat, input_types: Sequence[TensorType], config: LaunchConfig):
-        post = int(np.prod(input_types[0].shape[op.axis + 1:], dtype=np.int64))
+        post = math.prod(input_types[0].shape[op.axis + 1:])
         total = sum(t.shape[op.axis] for t in input_types)
         offsets = np.cumsum([0] + [t.shape[op.axis] for t in input_types])[:-1]
         self.parts = [(t.size, t.shape[op.axis] * post, int(at) * post)

@@ -100,7 +100,7 @@ class _BatchedProduct:
 def _batch_table(batch: tuple[int, ...], target: tuple[int, ...]) -> np.ndarray:
     """For each batch index of `target` (row-major), the batch index of an operand with `batch`
     dims, numpy-broadcast against it."""
-    own = np.arange(int(np.prod(batch, dtype=np.int64)), dtype=np.int64).reshape(batch)
+    own = np.arange(math.prod(batch), dtype=np.int64).reshape(batch)
     return np.broadcast_to(own, target).reshape(-1)
 
 
@@ -109,7 +109,7 @@ def _matrix_mul(op: MatrixMul, input_types: Sequence[TensorType], config: Launch
     a, b = input_types
     out = op.infer(a, b)
     a2, b2 = op.matrix_shapes(a, b)
-    m = int(np.prod(out.shape[:-1], dtype=np.int64))  # regime 2 flattens A's leading dims into rows
+    m = math.prod(out.shape[:-1])  # regime 2 flattens A's leading dims into rows
     zero = np.zeros(1, np.int64)
     return _BatchedProduct((1, *a2), (1, *b2), (1, m, out.shape[-1]), zero, zero, op.transpose_a, op.transpose_b,
                            out.dtype, config)
@@ -121,10 +121,10 @@ def _batched_matrix_mul(op: BatchedMatrixMul, input_types: Sequence[TensorType],
     a, b = input_types
     out = op.infer(a, b)
     batch = out.shape[:-2]
-    count = int(np.prod(batch, dtype=np.int64))
+    count = math.prod(batch)
 
     def flattened(t: TensorType) -> tuple[int, int, int]:
-        return (int(np.prod(t.shape[:-2], dtype=np.int64)), *t.shape[-2:])
+        return (math.prod(t.shape[:-2]), *t.shape[-2:])
 
     return _BatchedProduct(flattened(a), flattened(b), (count, *out.shape[-2:]),
                            _batch_table(a.shape[:-2], batch), _batch_table(b.shape[:-2], batch),

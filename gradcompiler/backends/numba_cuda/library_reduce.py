@@ -146,8 +146,8 @@ class _Reduction:
         self.dtype = x.dtype
         strides = row_major(x.shape)
         kept = [a for a in range(x.ndim) if a not in axes]
-        self.n_out = int(np.prod([x.shape[a] for a in kept], dtype=np.int64))
-        self.n_red = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+        self.n_out = math.prod([x.shape[a] for a in kept])
+        self.n_red = math.prod([x.shape[a] for a in axes])
         self.kept = (device_constant([x.shape[a] for a in kept] or [1]),
                      device_constant([strides[a] for a in kept] or [0]))
         self.reduced = (device_constant([x.shape[a] for a in axes] or [1]),
