@@ -17,7 +17,10 @@ gradient op, has one.
 
 A backward that is not linear in its cotangent, such as a user's custom
 gradient that clips, would make J·v read a stand-in; that is checked and
-refused, naming the composite, rather than evaluated at u = 0.
+refused, naming the composite, rather than evaluated at u = 0. An op whose
+backward op has no gradient wrt its cotangent has no JVP either: today that is
+a perspective warp's matrix (WarpPerspectiveBackwardMat has no rule), refused
+with the rule's own message.
 """
 
 from __future__ import annotations
@@ -53,7 +56,12 @@ def jvp(graph: Graph, outputs: Sequence[int], wrt: Sequence[int],
         with graph, graph.building("backward"):
             return [zeros(graph[o].type.shape, graph[o].type.dtype).id for o in outputs]
     seed = seed_cotangent(graph, pairing.id)
-    result = differentiate(graph, [pairing.id], stand_ins, [seed], disconnected="zero")
+    try:
+        result = differentiate(graph, [pairing.id], stand_ins, [seed], disconnected="zero")
+    except NotDifferentiableError as err:
+        raise NotDifferentiableError(
+            f"jvp transposes the backward, and one of its ops has no gradient wrt its "
+            f"cotangent: {err.message}", op=err.op, site=err.site) from None
     _check_linear(graph, result, set(stand_ins))
     return result
 
@@ -62,7 +70,9 @@ def _check_linear(graph: Graph, result: list[int], stand_ins: set[int]) -> None:
     reads = graph.ancestors(result)
     if not reads & stand_ins:
         return
-    composites = sorted({graph[n].op.label_name for n in reads if isinstance(graph[n].op, CustomGradient)})
+    origins = {graph[n].origin for n in reads} - {None}
+    composites = sorted({graph[o].op.label_name for o in origins
+                         if o in graph and isinstance(graph[o].op, CustomGradient)})
     culprit = (f"the backward of custom_gradient {', '.join(repr(c) for c in composites)} is not "
                "linear in its cotangent (a clipped or rescaled gradient)") if composites else \
         "a gradient rule is not linear in its cotangent"

@@ -40,7 +40,7 @@ class CustomGradient(Op):
 
     @property
     def label(self) -> str:
-        return f"CustomGradient({self.label_name})"
+        return f"CustomGradient {self.label_name}"
 
     def params(self) -> dict:
         return {"name": self.label_name, "arguments": self.arguments, "residuals": self.residuals}

@@ -9,10 +9,15 @@ none, so differentiation never walks into the composite through this node.
 
 from __future__ import annotations
 
-from ..errors import NotDifferentiableError
+from ..errors import GraphError, NotDifferentiableError
 from ..frontend.tensor import Tensor
 from ..ops.custom import CustomGradient
 from .registry import ForwardNode, grad_rule
+
+
+_RESIDUAL_HINT = ("build the gradients from the gradient and the residuals the backward is given: "
+                  "a Tensor it uses from the forward's scope must be returned as a residual, "
+                  "since a copy of the graph (check_grads makes one) renumbers every node")
 
 
 @grad_rule(CustomGradient)
@@ -21,7 +26,12 @@ def custom_gradient(node: ForwardNode, grad: Tensor, needs_grad):
     inputs = node.inputs
     arguments = inputs[:op.arguments]
     residuals = inputs[op.arguments:op.arguments + op.residuals]
-    result = op.backward(grad, *residuals)
+    try:
+        result = op.backward(grad, *residuals)
+    except GraphError as err:  # typically a captured Tensor of the original graph met a copy's
+        raise NotDifferentiableError(
+            f"the backward failed: {err.message}; {_RESIDUAL_HINT}", op=op.label,
+            site=err.site or node.node.site) from None
     grads = [result] if isinstance(result, Tensor) or result is None else list(result)
     if len(grads) != op.arguments:
         raise NotDifferentiableError(
@@ -32,9 +42,8 @@ def custom_gradient(node: ForwardNode, grad: Tensor, needs_grad):
             continue
         if not isinstance(g, Tensor) or g.graph is not node.graph:
             raise NotDifferentiableError(
-                f"gradient {k} of the backward is {type(g).__name__} of another graph or no Tensor: "
-                "build it from the gradient and the residuals the backward is given (a Tensor the "
-                "backward captured from the forward's scope must be returned as a residual)",
+                f"gradient {k} of the backward is a {type(g).__name__} of another graph or no "
+                f"Tensor; {_RESIDUAL_HINT}",
                 op=op.label, site=node.node.site)
         if g.type != x.type:
             raise NotDifferentiableError(

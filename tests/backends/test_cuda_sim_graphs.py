@@ -159,7 +159,25 @@ def _warp_case(mode: str, fmt: str) -> Callable:
     return build
 
 
+@gc.custom_gradient
+def _silu(x):
+    """x·sigmoid(x) with its backward written by hand, residuals x and sigmoid(x)."""
+    s = gc.sigmoid(x)
+    return x * s, lambda g, x, s: [g * (s + x * s * (1.0 - s))], (x, s)
+
+
+def _custom_gradient(rng):
+    with gc.Graph("custom_gradient"):
+        x, r = gc.param("x", (3, 5)), gc.input("r", (3, 5))
+        loss = (_silu(x * 1.5) * r).sum()
+        grad_x, = gc.grad(loss, [x])
+    feeds = dict(x=rng.standard_normal((3, 5)).astype(np.float32),
+                 r=rng.standard_normal((3, 5)).astype(np.float32))
+    return [loss, grad_x], feeds
+
+
 CASES: dict[str, Callable] = {
+    "custom_gradient": _custom_gradient,
     "elementwise": _elementwise, "reductions": _reductions, "shapes": _shapes, "indexing": _indexing,
     "matmul": _matmul, "warp_replicate": _warp_case("replicate", "NCHW"),
     "warp_constant_nhwc": _warp_case("constant", "NHWC"), "warp_reflect": _warp_case("reflect", "NCHW"),

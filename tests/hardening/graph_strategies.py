@@ -48,9 +48,11 @@ SHAPES = [(), (3,), (2, 3), (3, 1), (2, 1, 3), (2, 2, 2, 2)]
 """The shapes of the params a case starts from; everything else derives from them."""
 
 UNARY = ["EXP", "LOG", "LOG1P", "EXPM1", "SQRT", "RSQRT", "SIN", "COS", "TANH", "SIGMOID", "ERF",
-         "GELU", "SOFTPLUS", "RELU", "NEGATE", "ABS"]
+         "GELU", "SOFTPLUS", "RELU", "NEGATE", "ABS", "FLOOR", "CEIL", "TRUNC", "ROUND", "SIGN"]
+"""The piecewise-constant modes (FLOOR ... SIGN) have zero gradients; random values sit on
+one of their steps with probability ~0, so finite differences see the same zero."""
 BINARY = ["ADD", "SUB", "MUL", "TRUE_DIV", "POW", "MAX", "MIN", "ABS_GRAD", "SIGMOID_GRAD",
-          "TANH_GRAD", "GELU_GRAD", "SOFTPLUS_GRAD", "SWITCH_GT0"]
+          "TANH_GRAD", "GELU_GRAD", "SOFTPLUS_GRAD", "SWITCH_GT0", "FLOOR_DIV"]
 TERNARY = ["FUSE_MUL_ADD3", "COND_LEQ_MOV", "COND_LT_MOV"]
 POSITIVE_DOMAIN = {"LOG", "SQRT", "RSQRT"}
 BOUNDED_DOMAIN = {"EXP", "EXPM1"}
@@ -180,7 +182,7 @@ def r_binary(b: _Builder) -> None:
     c = b.partner(a)
     mode = b.choice(BINARY)
     x, y = a, c
-    if mode == "TRUE_DIV":
+    if mode in ("TRUE_DIV", "FLOOR_DIV"):
         y = b.positive(y)
     elif mode == "POW":
         x, y = b.positive(x), gc.tanh(y) * 1.5
@@ -409,6 +411,18 @@ def r_one_hot(b: _Builder) -> None:
         b.add(gc.indexing_set_one_hot(x, index, b.fitted(c, sub_shape), axis))
 
 
+@gc.custom_gradient
+def _silu(x):
+    """x·sigmoid(x) whose backward is written by hand and equals the true gradient, so the
+    finite-difference checks hold it to the same standard as a rule of the table."""
+    s = gc.sigmoid(x)
+    return x * s, lambda g, x, s: [g * (s + x * s * (1.0 - s))], (x, s)
+
+
+def r_custom(b: _Builder) -> None:
+    b.add(_silu(b.pick()))
+
+
 def r_matmul(b: _Builder) -> None:
     a = b.pick()
     x = a if a.ndim else a.reshape(1)
@@ -484,6 +498,7 @@ RECIPES: dict[str, Callable[[_Builder], None]] = {
     "axes": r_axes, "concat": r_concat, "copy": r_copy, "pixel_shuffle": r_pixel_shuffle,
     "subtensor": r_subtensor, "set_subtensor": r_set_subtensor, "gather": r_gather,
     "scatter": r_scatter, "one_hot": r_one_hot, "matmul": r_matmul, "composite": r_composite,
+    "custom": r_custom,
     "warp": r_warp,
 }
 """Every recipe a case can draw; `fuzz_cases(recipes=...)` restricts them."""

@@ -28,6 +28,7 @@ from gradcompiler.errors import (
     ShapeError,
 )
 from gradcompiler.ops import all_op_classes
+from gradcompiler.ops.custom import CustomGradient
 from gradcompiler.ops.elemwise import StopGradient
 from gradcompiler.ops.shape import FastpathCopy
 from gradcompiler.ops.vision import WarpPerspectiveBackwardData, WarpPerspectiveBackwardMat
@@ -94,7 +95,7 @@ BAD_BUILDS = [
     Bad("Reduce SUM", ShapeError, lambda t: t.x.sum(axis=2), ("axis 2", "rank 2")),
     Bad("Reduce MAX", ShapeError, lambda t: t.x.max(axis=(1, -1)), ("repeated",)),
     Bad("Reduce MEAN", DTypeError, lambda t: t.i.mean(), ("int32",)),
-    Bad("Reduce SUM", DTypeError, lambda t: t.b.sum(), ("bool",)),
+    Bad("Reduce MAX", DTypeError, lambda t: t.b.max(), ("bool",)),
     Bad("Reduce MAX", ShapeError, lambda t: gc.zeros((0, 3)).max(axis=0), ("empty", "(0, 3)")),
     Bad("Reduce", ShapeError, lambda t: gc.reduce("MEDIAN", t.x), ("MEDIAN",)),
     Bad("ReduceTo", ShapeError, lambda t: gc.reduce_to(t.x, (4,)), ("(2, 3)", "(4,)")),
@@ -179,7 +180,14 @@ BAD_BUILDS = [
     Bad("WarpPerspectiveBackwardMat", ShapeError,
         lambda t: gc.apply(WarpPerspectiveBackwardMat(), t.nchw, t.m33, t.g),
         ("(1, 3, 2, 2)", "2 channels")),
+    Bad("CustomGradient identity", GraphError,
+        lambda t: gc.apply(CustomGradient(_identity_backward, "identity", 1, 0), t.x),
+        ("1 arguments, 0 residuals and the forward value", "got 1 inputs")),
 ]
+
+
+def _identity_backward(g):
+    return [g]
 
 
 @pytest.fixture

@@ -1,0 +1,136 @@
+"""Dense Jacobians and Hessians of small compositions (`gc.jacobian`, `gc.hessian`).
+
+Oracles: central differences in float64, element by element, written here; the closed
+forms of softmax's Jacobian (diag p − p pᵀ) and log-sum-exp's Hessian (the same, of the
+softmax of its input); torch.func where torch is installed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gradcompiler as gc
+from oracle import assert_close
+
+RNG = np.random.default_rng(17)
+FEEDS = {"x": RNG.standard_normal((2, 3)), "w": RNG.standard_normal((3, 4)),
+         "b": RNG.standard_normal(4), "g": RNG.standard_normal(4) + 1.0}
+
+
+def _graph(build):
+    with gc.Graph("small"):
+        x = gc.param("x", (2, 3), "float64")
+        w = gc.param("w", (3, 4), "float64")
+        b = gc.param("b", (4,), "float64")
+        g = gc.param("g", (4,), "float64")
+        params = {"x": x, "w": w, "b": b, "g": g}
+        return build(**params), params
+
+
+COMPOSITIONS = {
+    "mlp_layer": lambda x, w, b, g: gc.tanh(x @ w + b),
+    "softmax": lambda x, w, b, g: gc.softmax(x @ w, -1),
+    "layer_norm": lambda x, w, b, g: gc.layer_norm(x @ w) * g + b,
+}
+
+
+def numeric_jacobian(output, name: str, h: float = 1e-6) -> np.ndarray:
+    """d output / d feed `name` by central differences, one input element at a time."""
+    base = FEEDS[name]
+    columns = []
+    for j in range(base.size):
+        step = np.zeros(base.size)
+        step[j] = h
+        step = step.reshape(base.shape)
+        plus = gc.evaluate(output, {**FEEDS, name: base + step})
+        minus = gc.evaluate(output, {**FEEDS, name: base - step})
+        columns.append(((plus - minus) / (2 * h)).reshape(-1))
+    return np.stack(columns, axis=1).reshape(output.shape + base.shape)
+
+
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+@pytest.mark.parametrize("composition", sorted(COMPOSITIONS))
+def test_jacobians_match_finite_differences(composition, mode):
+    output, params = _graph(COMPOSITIONS[composition])
+    for name, param in params.items():
+        jacobian = gc.jacobian(output, param, mode=mode)
+        assert jacobian.shape == output.shape + param.shape
+        assert_close(gc.evaluate(jacobian, FEEDS), numeric_jacobian(output, name),
+                     rtol=1e-6, atol=1e-8, label=f"d {composition} / d {name} ({mode})")
+
+
+def test_softmax_jacobian_is_its_closed_form():
+    with gc.Graph("softmax"):
+        z = gc.param("z", (2, 5), "float64")
+        p = gc.softmax(z, -1)
+    z_value = RNG.standard_normal((2, 5))
+    p_value = gc.evaluate(p, {"z": z_value})
+    expected = np.zeros((2, 5, 2, 5))
+    for row in range(2):
+        expected[row, :, row, :] = np.diag(p_value[row]) - np.outer(p_value[row], p_value[row])
+    for mode in ("auto", "reverse", "forward"):
+        assert_close(gc.evaluate(gc.jacobian(p, z, mode=mode), {"z": z_value}), expected,
+                     rtol=1e-12, atol=1e-15)
+
+
+def test_logsumexp_hessian_is_its_closed_form():
+    with gc.Graph("lse"):
+        z = gc.param("z", (6,), "float64")
+        loss = gc.log(gc.exp(z * 2.0).sum())
+    z_value = RNG.standard_normal(6)
+    p = np.exp(2 * z_value) / np.exp(2 * z_value).sum()
+    assert_close(gc.evaluate(gc.hessian(loss, z), {"z": z_value}), 4.0 * (np.diag(p) - np.outer(p, p)),
+                 rtol=1e-12, atol=1e-15)
+
+
+def test_hessian_blocks_of_an_mlp_loss_match_second_differences():
+    output, params = _graph(lambda x, w, b, g: (gc.tanh(x @ w + b) * g).sum())
+    wrt = [params["w"], params["b"]]
+    blocks = gc.hessian(output, wrt)
+    h = 1e-4
+
+    def f(**changes):
+        return float(gc.evaluate(output, {**FEEDS, **changes}))
+
+    for a, row in zip(("w", "b"), blocks):
+        for b, block in zip(("w", "b"), row):
+            got = gc.evaluate(block, FEEDS).reshape(FEEDS[a].size, FEEDS[b].size)
+            expected = np.zeros_like(got)
+            for i in range(FEEDS[a].size):
+                for j in range(FEEDS[b].size):
+                    def shifted(si, sj):
+                        values = {k: FEEDS[k].copy() for k in (a, b)}
+                        values[a].reshape(-1)[i] += si * h
+                        values[b].reshape(-1)[j] += sj * h
+                        return f(**values)
+                    expected[i, j] = (shifted(1, 1) - shifted(1, -1) - shifted(-1, 1) + shifted(-1, -1)) / (4 * h * h)
+            assert_close(got, expected, rtol=1e-5, atol=1e-6, label=f"H[{a}][{b}]")
+    w_b, b_w = (gc.evaluate(blocks[i][j], FEEDS) for i, j in ((0, 1), (1, 0)))
+    assert_close(w_b.reshape(12, 4), b_w.reshape(4, 12).T, rtol=1e-12)  # H is symmetric
+
+
+def test_a_jacobian_compiles():
+    output, params = _graph(COMPOSITIONS["layer_norm"])
+    jacobian = gc.jacobian(output, params["x"])
+    assert_close(gc.compile(jacobian)(**FEEDS), gc.evaluate(jacobian, FEEDS), rtol=1e-10)
+
+
+def test_jacobian_modes_are_checked():
+    output, params = _graph(COMPOSITIONS["mlp_layer"])
+    with pytest.raises(ValueError, match="mode must be"):
+        gc.jacobian(output, params["x"], mode="sideways")
+
+
+def test_against_torch_func():
+    torch = pytest.importorskip("torch", reason="torch.func is an optional peer (make bench-peers)")
+    output, params = _graph(COMPOSITIONS["mlp_layer"])
+    x, w, b = (torch.tensor(FEEDS[k]) for k in ("x", "w", "b"))
+    expected = torch.func.jacrev(lambda w: torch.tanh(x @ w + b))(w).numpy()
+    assert_close(gc.evaluate(gc.jacobian(output, params["w"]), FEEDS), expected, rtol=1e-12)
+    with gc.Graph("lse"):
+        z = gc.param("z", (5,), "float64")
+        loss = gc.log(gc.exp(z).sum())
+    z_value = RNG.standard_normal(5)
+    hessian = torch.func.hessian(lambda z: torch.logsumexp(z, 0))(torch.tensor(z_value)).numpy()
+    assert_close(gc.evaluate(gc.hessian(loss, z), {"z": z_value}), hessian, rtol=1e-10, atol=1e-14)
