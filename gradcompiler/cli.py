@@ -25,7 +25,7 @@ from typing import Any
 from .bench import suite as bench_suite
 from .compile import cache_info, clear_cache
 from .compile import compile as compile_graph
-from .dot import STAGES, GraphvizMissingWarning, is_executable, to_dot
+from .dot import STAGES, GraphvizMissingWarning, is_executable, not_drawable, to_dot
 from .errors import GradCompilerError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -69,6 +69,11 @@ def _drawable(result: Any, stage: str, target: str) -> Any:
 
 def run_dot(args: argparse.Namespace) -> int:
     built = load_function(Path(args.file), args.function)()
+    problem = not_drawable(built)
+    if problem is not None:
+        raise CommandError(f"{args.file}: {args.function}() returned {problem}; it should return "
+                           f"the graph's outputs (a Tensor or a list of Tensors, e.g. "
+                           f"[loss, *grads]), a Graph or a compiled step")
     drawable = _drawable(built, args.stage, args.target)
     if args.output is None:
         sys.stdout.write(to_dot(drawable, stage=args.stage))

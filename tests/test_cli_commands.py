@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pydot
@@ -106,6 +110,36 @@ def test_dot_command_reports_a_build_error_without_a_traceback(tmp_path, capsys)
     assert "MatrixMul" in err and "broken.py" in err and "Traceback" not in err
 
 
+NOT_A_GRAPH = textwrap.dedent("""
+    import numpy as np
+    import gradcompiler as gc
+
+    def array():
+        return np.zeros(3)
+
+    def nothing():
+        pass
+
+    def mixed():
+        with gc.Graph("mixed"):
+            return [gc.input("x", (2,)), 3]
+""")
+
+
+@pytest.mark.parametrize("function, returned", [
+    ("array", "array([0., 0., 0.]) (of type ndarray)"), ("nothing", "None"),
+    ("mixed", "a list whose item 1 is 3 (of type int)")])
+def test_dot_command_names_what_a_build_function_returned_instead_of_a_graph(
+        tmp_path, capsys, function, returned):
+    path = tmp_path / "not_a_graph.py"
+    path.write_text(NOT_A_GRAPH, encoding="utf-8")
+    for stage in ("backward", "optimised"):  # refused before anything is compiled
+        assert cli.main(["dot", str(path), "--function", function, "--stage", stage]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"gradcompiler dot: {path}: {function}() returned {returned}; ")
+        assert len(err.splitlines()) == 1
+
+
 def test_unknown_command_and_stage_are_usage_errors(build_file, capsys):
     with pytest.raises(SystemExit) as exited:
         cli.main(["draw"])
@@ -159,6 +193,20 @@ def test_bench_command_runs_the_suite_and_writes_its_files(tmp_path, capsys):
     assert result["workloads"][0]["compiled"]["correct"] is True
     assert "| bcast_reduce |" in table.read_text(encoding="utf-8")
     assert f"wrote {report}" in capsys.readouterr().out
+
+
+def test_bench_command_without_a_gpu_says_so_in_one_line():
+    """Numba's simulator off and no device visible: the one-line reason `compile` gives,
+    before the machine is measured, rather than numba-cuda's driver traceback."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU, even on a machine that has one
+    done = subprocess.run([sys.executable, "-m", "gradcompiler.cli", "bench", "--target", "cuda",
+                           "--quick", "--workload", "bcast_reduce"], env=env, capture_output=True,
+                          text=True, cwd=Path(gc.__file__).resolve().parents[1], timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.startswith("gradcompiler bench: target='cuda' cannot run here: no usable "
+                                  "CUDA driver or GPU ("), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
 
 
 def test_progress_bar_counts_every_kernel_when_there_are_many():
