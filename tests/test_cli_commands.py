@@ -159,25 +159,40 @@ def test_dot_command_optimised_stage_compiles_and_draws_fusion_groups(build_file
     assert all(sub.get_name().startswith("cluster_k") for sub in groups)
 
 
-def test_cache_info_and_clear_on_a_fresh_cache(tmp_path, monkeypatch, capsys):
+def on_disk(directory) -> dict[str, int]:
+    """The cache directory's files counted by walking it: modules at its top, Numba's
+    compiled-kernel files, every file, and their sizes."""
+    top = [n for n in os.listdir(directory) if os.path.isfile(os.path.join(directory, n))]
+    every = [os.path.join(root, n) for root, _, names in os.walk(directory) for n in names]
+    return {"module_files": sum(n.startswith("gck_") and n.endswith(".py") for n in top),
+            "kernel_files": sum(p.endswith((".nbi", ".nbc")) for p in every),
+            "files": len(every), "bytes": sum(os.path.getsize(p) for p in every)}
+
+
+def cache_info_lines(capsys) -> dict[str, str]:
+    assert cli.main(["cache", "info"]) == 0
+    return dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+
+
+def test_cache_info_shows_what_the_directory_holds_and_clear_empties_it(tmp_path, monkeypatch,
+                                                                        capsys):
     monkeypatch.setenv("GRADCOMPILER_CACHE_DIR", str(tmp_path))
     with gc.Graph("cached"):
         out = gc.tanh(gc.input("x", (3, 2))) * 3.0
     step = gc.compile(out)
-    written = sorted(tmp_path.glob("gck_*.py"))
-    assert written, "compiling wrote the generated module into the cache directory"
+    disk = on_disk(tmp_path)
+    assert disk["module_files"] >= 1 and disk["kernel_files"] >= 1 and disk["bytes"] > 0
 
-    assert cli.main(["cache", "info"]) == 0
-    info = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    info = cache_info_lines(capsys)
     assert info["directory"] == str(tmp_path)
-    assert info["module_files"] == str(len(written))
+    assert {key: int(info[key].split()[0]) for key in disk} == disk
+    assert "kernels_compiled" not in info  # this process's counters: zeros, not shown
 
     assert cli.main(["cache", "clear"]) == 0
-    assert f"removed {len(written)} cached modules" in capsys.readouterr().out
-    assert not list(tmp_path.glob("gck_*.py"))
-    assert cli.main(["cache", "info"]) == 0
-    info = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
-    assert info["module_files"] == "0" and info["kernels_compiled"] == "0"
+    assert f"removed {disk['module_files']} cached modules" in capsys.readouterr().out
+    info = cache_info_lines(capsys)
+    assert {key: int(info[key].split()[0]) for key in disk} == on_disk(tmp_path)
+    assert info["module_files"] == "0" and info["kernel_files"] == "0"
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
     np.testing.assert_allclose(step(x=x), np.tanh(x) * 3.0, rtol=1e-5)  # still runs
 
