@@ -129,7 +129,9 @@ def not_drawable(obj: Any) -> str | None:
     if not obj:
         return f"an empty {type(obj).__name__}"
     stray = next((k for k, item in enumerate(obj) if not isinstance(item, Tensor)), None)
-    return None if stray is None else f"a {type(obj).__name__} whose item {stray} is {_what(obj[stray])}"
+    if stray is None:
+        return None
+    return f"a {type(obj).__name__} whose item {stray} is {_what(obj[stray])}"
 
 
 def _what(value: Any) -> str:
