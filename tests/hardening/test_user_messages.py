@@ -6,13 +6,15 @@ with numpy vectors) now give the answer.
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import numpy as np
 import pytest
 
 import gradcompiler as gc
-from gradcompiler.errors import DTypeError, FeedError, GraphError, ShapeError
+from gradcompiler.errors import (DTypeError, FeedError, GraphError, IndexOutOfRangeError,
+                                 ShapeError)
 
 
 def _here() -> str:
@@ -130,3 +132,29 @@ def test_numpy_ufuncs_on_a_tensor_build_the_matching_nodes():
     for got, w in zip(gc.evaluate(built, x=xv), want):
         np.testing.assert_allclose(got, w, rtol=1e-15)
     assert str(caught.value).endswith(line)
+
+
+def _summed_cross_entropy(z, labels):
+    """The user's loss helper: the message must name the cross_entropy line in here, not the
+    line that called the helper."""
+    scale = 2.0
+    return scale * gc.cross_entropy(z, labels,
+                                    reduction="sum")
+
+
+@pytest.mark.parametrize("run", ["reference", "cpu"])
+def test_cross_entropy_in_a_helper_names_the_line_of_its_call(run):
+    with gc.Graph():
+        z = gc.param("z", (3, 4))
+        labels = gc.input("labels", (3,), "int32")
+        loss = _summed_cross_entropy(z, labels)
+    source, first = inspect.getsourcelines(_summed_cross_entropy)
+    line = first + next(k for k, text in enumerate(source) if "gc.cross_entropy(" in text)
+    step = gc.compile(loss) if run == "cpu" else (lambda **feeds: gc.evaluate(loss, feeds))
+    z0 = np.zeros((3, 4), np.float32)
+    with pytest.raises(IndexOutOfRangeError) as caught:
+        step(z=z0, labels=np.array([0, 5, 1], np.int32))
+    assert str(caught.value) == (f"cross_entropy (labels from feed 'labels', at {__file__}:{line}):"
+                                 f" label 5 is outside the valid range [0, 4)")
+    np.testing.assert_allclose(step(z=z0, labels=np.array([0, 3, 1], np.int32)),
+                               2.0 * 3 * np.log(4.0), rtol=1e-6)
