@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from .bench import suite as bench_suite
-from .compile import cache_info, clear_cache
+from .backends.numba_cpu.cache import cache_dir, disk_usage
+from .compile import clear_cache
 from .compile import compile as compile_graph
-from .dot import STAGES, GraphvizMissingWarning, is_executable, to_dot
+from .dot import STAGES, GraphvizMissingWarning, is_executable, not_drawable, to_dot
 from .errors import GradCompilerError
+from .units import format_bytes
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -69,6 +71,11 @@ def _drawable(result: Any, stage: str, target: str) -> Any:
 
 def run_dot(args: argparse.Namespace) -> int:
     built = load_function(Path(args.file), args.function)()
+    problem = not_drawable(built)
+    if problem is not None:
+        raise CommandError(f"{args.file}: {args.function}() returned {problem}; it should return "
+                           f"the graph's outputs (a Tensor or a list of Tensors, e.g. "
+                           f"[loss, *grads]), a Graph or a compiled step")
     drawable = _drawable(built, args.stage, args.target)
     if args.output is None:
         sys.stdout.write(to_dot(drawable, stage=args.stage))
@@ -87,16 +94,23 @@ def run_dot(args: argparse.Namespace) -> int:
 # -- cache -------------------------------------------------------------------------------------------
 
 def run_cache(args: argparse.Namespace) -> int:
-    """`info`: where the kernel cache lives, what it holds, this process's counters; `clear`: empty it."""
+    """`info`: where the kernel cache lives and what it holds on disk; `clear`: empty it.
+
+    The hit and compile counters of `gc.cache_info()` count what one process did, so a
+    process of its own would always show zeros: `info` leaves them out.
+    """
+    directory = cache_dir()
     if args.action == "clear":
-        before = cache_info()
+        before = disk_usage(directory)
         clear_cache()
         print(f"removed {before['module_files']} cached modules and their compiled kernels "
-              f"from {before['directory']}")
+              f"from {directory}")
         return EXIT_OK
-    info = cache_info()
-    width = max(len(key) for key in info)
-    for key, value in info.items():
+    usage = disk_usage(directory)
+    rows = {"directory": directory, **usage,
+            "bytes": f"{usage['bytes']} ({format_bytes(usage['bytes'])})"}
+    width = max(len(key) for key in rows)
+    for key, value in rows.items():
         print(f"{key:<{width}}  {value}")
     return EXIT_OK
 
@@ -136,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="The generated kernel modules and Numba's compiled code are cached on disk, "
                     "so a second process compiling the same graph does not run Numba again.")
     cache.add_argument("action", choices=("info", "clear"),
-                       help="info: the directory, its files and the counters; clear: delete them")
+                       help="info: the directory, its files and their size; clear: delete them")
     cache.set_defaults(run=run_cache)
     return parser
 

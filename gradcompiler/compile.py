@@ -284,7 +284,8 @@ def _allocating(graph: Graph, program: Program, build):
 
 
 def cache_info() -> dict:
-    """Counters of the kernel cache in this process (module and Numba hits, compiles) and its directory."""
+    """Counters of the kernel cache in this process (module and Numba hits, compiles), its
+    directory, and what that holds (module and compiled-kernel files, all files, bytes)."""
     from .backends.numba_cpu.cache import cache_info as info
 
     return info()

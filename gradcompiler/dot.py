@@ -25,6 +25,7 @@ a `GraphvizMissingWarning` says how to install Graphviz.
 
 from __future__ import annotations
 
+import reprlib
 import shutil
 import subprocess
 import warnings
@@ -119,6 +120,25 @@ def is_executable(obj: Any) -> bool:
     return hasattr(obj, "plan") and isinstance(getattr(obj, "graph", None), Graph)
 
 
+def not_drawable(obj: Any) -> str | None:
+    """What `obj` is, in words, if `to_dot` cannot draw it (None if it can): the command
+    line names it when a user's build function returns something else."""
+    if isinstance(obj, (Graph, Tensor)) or is_executable(obj):
+        return None
+    if not isinstance(obj, (list, tuple)):
+        return _what(obj)
+    if not obj:
+        return f"an empty {type(obj).__name__}"
+    stray = next((k for k, item in enumerate(obj) if not isinstance(item, Tensor)), None)
+    if stray is None:
+        return None
+    return f"a {type(obj).__name__} whose item {stray} is {_what(obj[stray])}"
+
+
+def _what(value: Any) -> str:
+    return "None" if value is None else f"{reprlib.repr(value)} (of type {type(value).__name__})"
+
+
 def _default_stage(obj: Any) -> str:
     if is_executable(obj):
         return "optimised"
@@ -131,10 +151,11 @@ def _graph_and_outputs(obj: Any) -> tuple[Graph, list[int]]:
         return obj, list(obj.outputs)
     if is_executable(obj):
         return obj.graph, list(obj.graph.outputs)
-    tensors = [obj] if isinstance(obj, Tensor) else list(obj) if isinstance(obj, (list, tuple)) else []
-    if not tensors or not all(isinstance(t, Tensor) for t in tensors):
+    problem = not_drawable(obj)
+    if problem is not None:
         raise TypeError("to_dot takes a Graph, a Tensor, a list of Tensors or a compiled executable, "
-                        f"not {type(obj).__name__}")
+                        f"not {problem}")
+    tensors = [obj] if isinstance(obj, Tensor) else list(obj)
     graphs = {id(t.graph) for t in tensors}
     if len(graphs) != 1:
         raise ValueError("to_dot: the tensors come from different graphs")

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pydot
@@ -106,6 +110,36 @@ def test_dot_command_reports_a_build_error_without_a_traceback(tmp_path, capsys)
     assert "MatrixMul" in err and "broken.py" in err and "Traceback" not in err
 
 
+NOT_A_GRAPH = textwrap.dedent("""
+    import numpy as np
+    import gradcompiler as gc
+
+    def array():
+        return np.zeros(3)
+
+    def nothing():
+        pass
+
+    def mixed():
+        with gc.Graph("mixed"):
+            return [gc.input("x", (2,)), 3]
+""")
+
+
+@pytest.mark.parametrize("function, returned", [
+    ("array", "array([0., 0., 0.]) (of type ndarray)"), ("nothing", "None"),
+    ("mixed", "a list whose item 1 is 3 (of type int)")])
+def test_dot_command_names_what_a_build_function_returned_instead_of_a_graph(
+        tmp_path, capsys, function, returned):
+    path = tmp_path / "not_a_graph.py"
+    path.write_text(NOT_A_GRAPH, encoding="utf-8")
+    for stage in ("backward", "optimised"):  # refused before anything is compiled
+        assert cli.main(["dot", str(path), "--function", function, "--stage", stage]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"gradcompiler dot: {path}: {function}() returned {returned}; ")
+        assert len(err.splitlines()) == 1
+
+
 def test_unknown_command_and_stage_are_usage_errors(build_file, capsys):
     with pytest.raises(SystemExit) as exited:
         cli.main(["draw"])
@@ -125,25 +159,40 @@ def test_dot_command_optimised_stage_compiles_and_draws_fusion_groups(build_file
     assert all(sub.get_name().startswith("cluster_k") for sub in groups)
 
 
-def test_cache_info_and_clear_on_a_fresh_cache(tmp_path, monkeypatch, capsys):
+def on_disk(directory) -> dict[str, int]:
+    """The cache directory's files counted by walking it: modules at its top, Numba's
+    compiled-kernel files, every file, and their sizes."""
+    top = [n for n in os.listdir(directory) if os.path.isfile(os.path.join(directory, n))]
+    every = [os.path.join(root, n) for root, _, names in os.walk(directory) for n in names]
+    return {"module_files": sum(n.startswith("gck_") and n.endswith(".py") for n in top),
+            "kernel_files": sum(p.endswith((".nbi", ".nbc")) for p in every),
+            "files": len(every), "bytes": sum(os.path.getsize(p) for p in every)}
+
+
+def cache_info_lines(capsys) -> dict[str, str]:
+    assert cli.main(["cache", "info"]) == 0
+    return dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+
+
+def test_cache_info_shows_what_the_directory_holds_and_clear_empties_it(tmp_path, monkeypatch,
+                                                                        capsys):
     monkeypatch.setenv("GRADCOMPILER_CACHE_DIR", str(tmp_path))
     with gc.Graph("cached"):
         out = gc.tanh(gc.input("x", (3, 2))) * 3.0
     step = gc.compile(out)
-    written = sorted(tmp_path.glob("gck_*.py"))
-    assert written, "compiling wrote the generated module into the cache directory"
+    disk = on_disk(tmp_path)
+    assert disk["module_files"] >= 1 and disk["kernel_files"] >= 1 and disk["bytes"] > 0
 
-    assert cli.main(["cache", "info"]) == 0
-    info = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    info = cache_info_lines(capsys)
     assert info["directory"] == str(tmp_path)
-    assert info["module_files"] == str(len(written))
+    assert {key: int(info[key].split()[0]) for key in disk} == disk
+    assert "kernels_compiled" not in info  # this process's counters: zeros, not shown
 
     assert cli.main(["cache", "clear"]) == 0
-    assert f"removed {len(written)} cached modules" in capsys.readouterr().out
-    assert not list(tmp_path.glob("gck_*.py"))
-    assert cli.main(["cache", "info"]) == 0
-    info = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
-    assert info["module_files"] == "0" and info["kernels_compiled"] == "0"
+    assert f"removed {disk['module_files']} cached modules" in capsys.readouterr().out
+    info = cache_info_lines(capsys)
+    assert {key: int(info[key].split()[0]) for key in disk} == on_disk(tmp_path)
+    assert info["module_files"] == "0" and info["kernel_files"] == "0"
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
     np.testing.assert_allclose(step(x=x), np.tanh(x) * 3.0, rtol=1e-5)  # still runs
 
@@ -159,6 +208,20 @@ def test_bench_command_runs_the_suite_and_writes_its_files(tmp_path, capsys):
     assert result["workloads"][0]["compiled"]["correct"] is True
     assert "| bcast_reduce |" in table.read_text(encoding="utf-8")
     assert f"wrote {report}" in capsys.readouterr().out
+
+
+def test_bench_command_without_a_gpu_says_so_in_one_line():
+    """Numba's simulator off and no device visible: the one-line reason `compile` gives,
+    before the machine is measured, rather than numba-cuda's driver traceback."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU, even on a machine that has one
+    done = subprocess.run([sys.executable, "-m", "gradcompiler.cli", "bench", "--target", "cuda",
+                           "--quick", "--workload", "bcast_reduce"], env=env, capture_output=True,
+                          text=True, cwd=Path(gc.__file__).resolve().parents[1], timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.startswith("gradcompiler bench: target='cuda' cannot run here: no usable "
+                                  "CUDA driver or GPU ("), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stdout == ""
 
 
 def test_progress_bar_counts_every_kernel_when_there_are_many():

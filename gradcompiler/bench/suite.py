@@ -52,6 +52,7 @@ import numpy as np
 
 import gradcompiler as gc
 
+from ..backends import require_target
 from . import machine, report
 from . import peers as peer_registry
 from . import workloads as workload_registry
@@ -268,6 +269,7 @@ def run_suite(workloads: Sequence[str] | None = None, target: str = "cpu", quick
         raise ValueError(f"unknown workload(s) {unknown}; expected some of {list(workload_registry.NAMES)}")
     if target not in ("cpu", "cuda"):
         raise ValueError(f"unknown target {target!r}; expected 'cpu' or 'cuda'")
+    require_target(target)  # no GPU: say so before the machine is measured on it
     steps = steps or (QUICK_STEPS if quick else FULL_STEPS)
     warmup = warmup if warmup is not None else (QUICK_WARMUP if quick else FULL_WARMUP)
     size = "tiny" if quick else "full"

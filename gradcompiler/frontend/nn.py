@@ -1,5 +1,5 @@
 """Composites built only from primitive ops: softmax, log_softmax,
-cross_entropy, nll_loss, layer_norm, gelu_tanh, mse.
+cross_entropy, nll_loss, layer_norm, gelu_tanh, mse, clip.
 
 Being composites, they need no gradient rule of their own, and the fuser
 sees their primitive pieces.
@@ -15,11 +15,13 @@ from ..ir import call_site
 from ..ops.common import normalize_axis
 from ..ops.indexing import IndexingOneHot
 from ..ops.source import Placeholder
-from .math import cast, equal, exp, log, mean, reduce, rsqrt, stop_gradient, sum, tanh, where
+from .math import (cast, equal, exp, log, maximum, mean, minimum, reduce, rsqrt, stop_gradient,
+                   sum, tanh, where)
 from .shapes import broadcast_to, reshape, squeeze
 from .tensor import Tensor, apply, reports_user_line, to_operands
 
-__all__ = ["softmax", "log_softmax", "cross_entropy", "nll_loss", "layer_norm", "gelu_tanh", "mse"]
+__all__ = ["softmax", "log_softmax", "cross_entropy", "nll_loss", "layer_norm", "gelu_tanh", "mse",
+           "clip"]
 
 
 def _shift(x: Tensor, axis: int) -> Tensor:
@@ -166,3 +168,12 @@ def gelu_tanh(x: Tensor) -> Tensor:
 def mse(a: Tensor, b: Tensor) -> Tensor:
     d = a - b
     return mean(d * d)
+
+
+def clip(x: Tensor, lo=None, hi=None) -> Tensor:
+    """numpy's clip (torch's clamp): max(x, lo), then min(., hi); either bound may be None.
+    The gradient follows gc.maximum's and gc.minimum's at the bounds."""
+    if lo is None and hi is None:
+        raise BuildError("clip needs lo, hi or both", op="clip")
+    x = x if lo is None else maximum(x, lo)
+    return x if hi is None else minimum(x, hi)

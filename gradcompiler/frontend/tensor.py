@@ -10,6 +10,7 @@ adds the node, whose `infer` raises the build-time errors.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -117,6 +118,28 @@ class Tensor:
             inputs = inputs[::-1]
         return getattr(_math(), name)(*inputs)
 
+    def __array_function__(self, func, types, args, kwargs):
+        """numpy's functions on a Tensor (np.sum(t, axis=0), np.concatenate([t, u])) build the
+        gc function of `_FUNCTIONS`; the others, and arguments it does not take (out=,
+        dtype=, np.dot of N-d operands), are refused naming the gc function to use."""
+        import gradcompiler
+
+        name = func.__name__
+        target, by_position = _FUNCTIONS.get(name, (None, 0))
+        fn = getattr(gradcompiler, target) if target else None
+        renamed = {_KEYWORDS.get(name, {}).get(k, k): v for k, v in kwargs.items()}
+        if fn is None:
+            problem = _INSTEAD.get(name, "build it from gc functions (gc.sum, gc.reshape, ...)")
+        elif name == "dot" and any(getattr(a, "ndim", 0) > 2 for a in args[:2]):
+            problem = ("np.dot of operands above 2-d contracts the last axis of a with the "
+                       "second-to-last of b; use gc.matmul (numpy's matmul semantics)")
+        else:
+            problem = _unbound(f"gc.{target}", fn, by_position, args, renamed)
+        if problem is not None:
+            raise DTypeError(f"numpy's {name} cannot run on a symbolic Tensor; {problem}",
+                             site=call_site())
+        return fn(*args, **renamed)
+
     def __getitem__(self, key):
         from . import indexing
 
@@ -154,6 +177,38 @@ _UFUNCS = {  # numpy ufunc name -> gc function
     "true_divide": "divide", "absolute": "abs", "rint": "round", "greater": "less",
     "greater_equal": "less_equal",
 }
+
+
+_FUNCTIONS = {  # numpy function -> (gc function taking its arguments, how many by position)
+    **{n: (n, 2) for n in ("sum", "mean", "max", "min", "prod", "reshape", "transpose",
+                           "squeeze", "expand_dims", "broadcast_to")},
+    **{n: (n, 3) for n in ("swapaxes", "where", "clip")},
+    "amax": ("max", 2), "amin": ("min", 2), "concatenate": ("concat", 2),
+    "concat": ("concat", 2), "dot": ("matmul", 2),
+}
+_INSTEAD = {  # numpy functions with no gc twin -> what builds the same
+    "stack": "use gc.concat of gc.expand_dims(t, axis)", "ravel": "use gc.reshape(t, -1)",
+    "tensordot": "use gc.matmul", "einsum": "use gc.matmul", "outer": "use gc.matmul",
+}
+_KEYWORDS = {  # numpy keyword -> the gc function's, where they differ
+    "transpose": {"axes": "perm"},
+    "clip": {"a_min": "lo", "a_max": "hi", "min": "lo", "max": "hi"},
+    "where": {"condition": "mask"},
+}
+
+
+def _unbound(label: str, fn: Callable, by_position: int, args: tuple, kwargs: dict) -> str | None:
+    """Why `fn` cannot take numpy's `args` and `kwargs` (None if it can); past the first
+    `by_position` arguments numpy's and gc's positional orders differ (np.sum's third is dtype)."""
+    signature = inspect.signature(fn)
+    if len(args) > by_position:
+        return (f"{label}{signature} takes numpy's first {by_position} arguments by position, "
+                f"not {len(args)}")
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as err:
+        return f"{label}{signature} does not take these arguments ({err})"
+    return None
 
 
 def _math():

@@ -30,7 +30,8 @@ compilation works, only the caching is lost.
 
 `CacheStats` counts module hits (in this process, or on disk) and misses,
 and, per compiled kernel signature, whether Numba loaded it from its cache
-or compiled it. `cache_info()` and `clear_cache()` are public as
+or compiled it; `disk_usage()` what the directory holds, which `gradcompiler cache
+info` shows (a fresh process has no counters). `cache_info()` and `clear_cache()` are public as
 `gc.cache_info` and `gc.clear_cache`.
 """
 
@@ -271,10 +272,26 @@ def record_compile(dispatcher, signature) -> None:
 
 
 def cache_info() -> dict:
-    """The counters of this process and what the cache directory holds."""
+    """The counters of this process and what the cache directory holds (`disk_usage`)."""
     directory = cache_dir()
-    return {**asdict(STATS), "directory": str(directory),
-            "module_files": sum(1 for _ in directory.glob("gck_*.py"))}
+    return {**asdict(STATS), "directory": str(directory), **disk_usage(directory)}
+
+
+def disk_usage(directory: Path) -> dict:
+    """What `directory` holds on disk, the same in every process (unlike the counters):
+    generated modules, Numba's compiled-kernel files, every file (records and locks too)
+    and their total size in bytes."""
+    modules = kernels = files = size = 0
+    for root, _, names in os.walk(directory):
+        for name in names:
+            try:
+                size += os.stat(os.path.join(root, name)).st_size
+            except OSError:  # removed meanwhile by another process
+                continue
+            files += 1
+            modules += root == str(directory) and name.startswith("gck_") and name.endswith(".py")
+            kernels += name.endswith((".nbi", ".nbc"))
+    return {"module_files": modules, "kernel_files": kernels, "files": files, "bytes": size}
 
 
 def clear_cache() -> None:
