@@ -33,7 +33,7 @@ def test_pyproject_lists_every_package_folder():
 
 
 def test_passes_is_a_subpackage_of_gradcompiler():
-    assert Path(gradcompiler.passes.__file__).parent == ROOT / "passes"
+    assert Path(gradcompiler.passes.__file__).resolve().parent == (ROOT / "passes").resolve()
     assert (ROOT / "gradcompiler" / "py.typed").exists()
 
 

@@ -324,10 +324,3 @@ def run_from_args(args: argparse.Namespace) -> int:
     if failed:
         print(f"failed or wrong: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gradcompiler.bench",
-                                     description="Benchmark the compiled workloads against their peers.")
-    add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
