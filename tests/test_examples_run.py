@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gradcompiler as gc
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -89,3 +91,18 @@ def test_super_resolution_learns_the_inverse_mixing():
                                                verbose=False)
     assert _fell(result["losses"], 1e-3)
     assert result["weight_error"] < 0.01
+
+
+def test_custom_gradients_give_what_their_backward_defines():
+    example = _example("custom_gradients")
+    x, _, grads = example.build(rows=3, columns=4, bound=0.5)
+    rng = np.random.default_rng(4)
+    feeds = {"x": rng.standard_normal((3, 4)), "r": rng.standard_normal((3, 4)) * 2}
+    z = 3.0 * feeds["x"]
+    softmax = np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
+    # straight through ×4 then /4: r; clipped 3r; d lse(3x) = 3·softmax(3x)
+    expected = [feeds["r"], np.clip(3.0 * feeds["r"], -0.5, 0.5), 3.0 * softmax]
+    for got in (gc.evaluate(grads, feeds), gc.compile(grads)(**feeds)):
+        for g, e in zip(got, expected):
+            np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-15)
+    assert example.main(verbose=False)["check"].ok
