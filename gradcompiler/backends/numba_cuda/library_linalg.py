@@ -1,6 +1,6 @@
 """Matrix products on the GPU: MatrixMul (all three regimes of op-reference
 §5.1) and BatchedMatrixMul (§5.2, numpy batch broadcasting), through one
-tiled shared-memory kernel.
+tiled shared-memory kernel, or through cuBLAS where CuPy reaches a GPU (cublas.py).
 
 Every product is reduced to a batch of 2-D products `out[z] = op(A[ia[z]]) @
 op(B[ib[z]])` over 3-D views: the MatrixMul regimes are reshapes of
@@ -23,6 +23,7 @@ from numba import cuda, from_dtype
 
 from ...ir import TensorType
 from ...ops.linalg import BatchedMatrixMul, MatrixMul
+from .cublas import matmul_route
 from .device import LaunchConfig, device_constant, to_device, view
 from .library import Launcher, cuda_library_kernel
 
@@ -73,13 +74,18 @@ def _matmul_kernel(dtype: np.dtype, tile: int):
 
 
 class _BatchedProduct:
-    """A launcher for `out[z] = op(A[ia[z]]) @ op(B[ib[z]])` over fixed 3-D views."""
+    """A launcher for `out[z] = op(A[ia[z]]) @ op(B[ib[z]])` over fixed 3-D views, or, where
+    cuBLAS is reachable (`cublas.matmul_route`), one cuBLAS call over `blas_shapes`: views of
+    the operands and the output whose batch dims broadcast as numpy's matmul does."""
 
     def __init__(self, a_shape: tuple[int, int, int], b_shape: tuple[int, int, int],
                  out_shape: tuple[int, int, int], a_batch: np.ndarray, b_batch: np.ndarray,
-                 transpose_a: bool, transpose_b: bool, dtype: np.dtype, config: LaunchConfig):
+                 transpose_a: bool, transpose_b: bool, dtype: np.dtype, config: LaunchConfig,
+                 blas_shapes: tuple[tuple[int, ...], ...]):
         self.a_shape, self.b_shape, self.out_shape = a_shape, b_shape, out_shape
         self.flags = (bool(transpose_a), bool(transpose_b))
+        self.blas = matmul_route() if np.dtype(dtype) in (np.float32, np.float64) else None
+        self.blas_shapes = blas_shapes
         self.a_batch, self.b_batch = device_constant(a_batch), device_constant(b_batch)
         self.kernel = _matmul_kernel(np.dtype(dtype), config.tile)
         batches, m, n = out_shape
@@ -90,6 +96,11 @@ class _BatchedProduct:
 
     def __call__(self, a: Any, b: Any, *, out: Any, stream: Any = 0) -> None:
         if not out.size:
+            return
+        if self.blas is not None:
+            a_nd, b_nd, out_nd = self.blas_shapes
+            self.blas(view(to_device(a, stream), a_nd), view(to_device(b, stream), b_nd),
+                      view(out, out_nd), *self.flags, stream)
             return
         a3 = view(to_device(a, stream), self.a_shape)
         b3 = view(to_device(b, stream), self.b_shape)
@@ -111,8 +122,9 @@ def _matrix_mul(op: MatrixMul, input_types: Sequence[TensorType], config: Launch
     a2, b2 = op.matrix_shapes(a, b)
     m = math.prod(out.shape[:-1])  # regime 2 flattens A's leading dims into rows
     zero = np.zeros(1, np.int64)
-    return _BatchedProduct((1, *a2), (1, *b2), (1, m, out.shape[-1]), zero, zero, op.transpose_a, op.transpose_b,
-                           out.dtype, config)
+    return _BatchedProduct((1, *a2), (1, *b2), (1, m, out.shape[-1]), zero, zero, op.transpose_a,
+                           op.transpose_b, out.dtype, config,
+                           blas_shapes=(a2, b2, (m, out.shape[-1])))
 
 
 @cuda_library_kernel.register
@@ -128,4 +140,5 @@ def _batched_matrix_mul(op: BatchedMatrixMul, input_types: Sequence[TensorType],
 
     return _BatchedProduct(flattened(a), flattened(b), (count, *out.shape[-2:]),
                            _batch_table(a.shape[:-2], batch), _batch_table(b.shape[:-2], batch),
-                           op.transpose_a, op.transpose_b, out.dtype, config)
+                           op.transpose_a, op.transpose_b, out.dtype, config,
+                           blas_shapes=(a.shape, b.shape, out.shape))
