@@ -126,8 +126,9 @@ def test_reduce_two_stage_with_one_block(rng, layout):
 
 def test_reduce_integers_and_max_propagates_nan(rng):
     x = rng.integers(-50, 50, (9, 4)).astype(np.int32)
+    x[:4, 0] = 2**30  # the int32 sum would wrap: numpy's, and so ours, accumulates in int64
     got = run_library_op(Reduce("SUM", (0,)), x)
-    assert got.dtype == np.int32 and (got == x.sum(axis=0)).all()
+    assert got.dtype == np.int64 and (got == x.sum(axis=0)).all()
     assert (run_library_op(Reduce("MAX", (1,)), x) == x.max(axis=1)).all()
     y = np.ones((2, 5), np.float32)
     y[1, 3] = np.nan

@@ -16,7 +16,7 @@ ReduceTo (§1.2), in one of two shapes chosen from the layout.
 
 Every kernel reads the input through (shape, strides) tables of the kept
 and the reduced axes, so any set of axes works without a transpose.
-Accumulation is in the input's dtype, as the reference does it; MEAN
+Accumulation is in the result's dtype, as the reference does it (an integer sum in int64); MEAN
 divides once, at the end.
 """
 
@@ -139,11 +139,13 @@ class _Reduction:
     """A reduction of `x` over `axes` into `out`, planned once for fixed shapes."""
 
     def __init__(self, mode: str, x: TensorType, axes: Sequence[int], config: LaunchConfig,
-                 divisor: int | None = None):
+                 divisor: int | None = None, dtype: np.dtype | None = None):
         """`divisor`: what MEAN divides by, when not the count of reduced elements (a fold of
-        partials divides by the count of the elements the partials summed)."""
+        partials divides by the count of the elements the partials summed). `dtype`: the
+        accumulator's and the output's (default x's; an int32 SUM accumulates in int64, as
+        numpy's does)."""
         self.config = config
-        self.dtype = x.dtype
+        self.dtype = np.dtype(dtype or x.dtype)
         strides = row_major(x.shape)
         kept = [a for a in range(x.ndim) if a not in axes]
         self.n_out = math.prod([x.shape[a] for a in kept])
@@ -152,11 +154,11 @@ class _Reduction:
                      device_constant([strides[a] for a in kept] or [0]))
         self.reduced = (device_constant([x.shape[a] for a in axes] or [1]),
                         device_constant([strides[a] for a in axes] or [0]))
-        self.start = identity(mode, x.dtype)
+        self.start = identity(mode, self.dtype)
         if divisor is None:  # an empty MEAN divides by zero, as numpy does (NaN)
             divisor = self.n_red if mode == "MEAN" else max(self.n_red, 1)
-        self.divisor = x.dtype.type(divisor)
-        self.row, self.column = _kernels(mode, x.dtype, config.reduce_block, config.shuffle)
+        self.divisor = self.dtype.type(divisor)
+        self.row, self.column = _kernels(mode, self.dtype, config.reduce_block, config.shuffle)
         self.column_layout = bool(kept) and kept[-1] == x.ndim - 1 and self.n_red > 1
         self.parts = self._parts()
         # stage one's partials: allocated once, not per call (a cudaMalloc per launch)
@@ -221,7 +223,7 @@ class PartialFold:
 @cuda_library_kernel.register
 def _reduce(op: Reduce, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
     x = input_types[0]
-    return _Reduction(op.mode, x, op.reduced_axes(x.ndim), config)
+    return _Reduction(op.mode, x, op.reduced_axes(x.ndim), config, dtype=op.infer(x).dtype)
 
 
 @cuda_library_kernel.register
