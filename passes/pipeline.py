@@ -57,6 +57,8 @@ class PassContext:
     `assume_finite` lets `simplify` fold float `x * 0` to 0, which is wrong
     for inf and NaN, so it is off unless the caller vouches for its data.
     `fold_limit` is the largest constant (in elements) `constant_fold` builds.
+    `donations` maps an output's index to the feed whose buffer it should be written
+    into (`donation.py`); fuse and memory plan for it.
     """
 
     debug: bool = False
@@ -65,6 +67,11 @@ class PassContext:
     memory: MemoryPlan | None = None
     assume_finite: bool = False
     fold_limit: int = constant_fold.DEFAULT_LIMIT
+    donations: dict[int, str] = field(default_factory=dict)
+
+    def donated_outputs(self, graph: Graph) -> set[int]:
+        """The output nodes asked to live in a feed's buffer."""
+        return {graph.outputs[k] for k in self.donations}
 
 
 PassFunction = Callable[[Graph, PassContext], dict[str, int]]
@@ -147,13 +154,15 @@ def optimize(
     extra_passes: Iterable[Pass | PassFunction] = (),
     debug: bool = False,
     assume_finite: bool = False,
+    donations: dict[int, str] | None = None,
 ) -> tuple[Graph, PassContext]:
     """Run the pipeline on a copy of `graph` whose outputs are `outputs`.
 
     `passes` replaces DEFAULT_PIPELINE; `extra_passes` are inserted before
     the first planning pass (fuse, or memory). The input graph is never modified. The copy's
     `outputs` may be renumbered by rewrites (an output replaced by an
-    equivalent node), in order, one per requested output.
+    equivalent node), in order, one per requested output. `donations`: output index →
+    the name of the feed whose buffer that output should take (`PassContext`).
     """
     for o in outputs:
         if o not in graph:
@@ -161,7 +170,8 @@ def optimize(
     work = graph.copy()
     work.outputs = [int(o) for o in outputs]
     inline_custom_gradients(work)
-    ctx = PassContext(debug=debug or debug_from_env(), assume_finite=assume_finite)
+    ctx = PassContext(debug=debug or debug_from_env(), assume_finite=assume_finite,
+                      donations=dict(donations or {}))
     chosen = [as_pass(p) for p in (DEFAULT_PIPELINE if passes is None else passes)]
     for p in _with_extras(chosen, [as_pass(p) for p in extra_passes]):
         run_pass(p, work, ctx)
