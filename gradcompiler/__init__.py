@@ -21,6 +21,7 @@ from .errors import (  # noqa: F401
     FeedError,
     GraphError,
     IndexOutOfRangeError,
+    MemoryBudgetError,
     NonFiniteError,
     NotDifferentiableError,
     ShapeError,

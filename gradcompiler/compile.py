@@ -318,7 +318,9 @@ def clear_cache() -> None:
 
 def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: bool = False,
             fastmath: bool | Sequence[str] = False,
-            donate: Mapping[int, str] | None = None) -> Executable:  # noqa: A001 - the natural name
+            donate: Mapping[int, str] | None = None,
+            memory_budget: float | int | None = None,
+            ) -> Executable:  # noqa: A001 - the natural name
     """Compile Tensor `outputs` (one, or a list) into an Executable for `target`.
 
     `passes` replaces the default pipeline (`gradcompiler.passes.pipeline.DEFAULT_PIPELINE`;
@@ -331,6 +333,9 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     values), True (every LLVM fast-math flag but nnan/ninf), or a set of
     LLVM flag names. `donate` maps an output's index to the name of a feed of its type
     that the output replaces: it is written over the caller's array (module docstring).
+    `memory_budget` (bytes as an int, or a fraction in (0, 1] of the default plan's peak)
+    makes the `remat` pass recompute forward values in the backward until the planned
+    peak fits (`gradcompiler.passes.remat`); `MemoryBudgetError` if no plan does.
     """
     require_target(target)
     debug = debug or debug_from_env()
@@ -350,7 +355,8 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     timings = {}
     start = time.perf_counter()
     graph, ctx = optimize(source_graph, [t.id for t in tensors], passes=passes,
-                          extra_passes=extra_passes, debug=debug, donations=donations)
+                          extra_passes=extra_passes, debug=debug, donations=donations,
+                          memory_budget=memory_budget)
     _ensure_planned(graph, ctx)
     _check_dtypes(graph, target)
     timings["passes"] = time.perf_counter() - start

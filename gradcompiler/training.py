@@ -129,9 +129,10 @@ def _checked_params(loss: Tensor, params) -> list[Tensor]:
 
 
 def train_step(loss: Tensor, params, optimizer: Optimizer, target: str = "cpu",
-               **compile_options: Any) -> TrainStep:
+               memory_budget: float | int | None = None, **compile_options: Any) -> TrainStep:
     """Compile the training step of the scalar `loss` over `params` (gc.param Tensors) with
-    `optimizer` (`gc.optim`) for `target`; `compile_options` go to `gc.compile`."""
+    `optimizer` (`gc.optim`) for `target`; `memory_budget` (bytes, or a fraction of the
+    default plan's peak) and `compile_options` go to `gc.compile`."""
     params = _checked_params(loss, params)
     if not isinstance(optimizer, Optimizer):
         raise GraphError(f"train_step: optimizer must be a gc.optim optimizer, got "
@@ -160,6 +161,7 @@ def train_step(loss: Tensor, params, optimizer: Optimizer, target: str = "cpu",
                            *([(STEP, step_number)] if name == names[-1] else [])]:
             donate[len(outputs)] = key
             outputs.append(value)
-    executable = compile_step(outputs, target=target, donate=donate, **compile_options)
+    executable = compile_step(outputs, target=target, donate=donate, memory_budget=memory_budget,
+                              **compile_options)
     types = {key: graph[graph.feed_names[key]].type for key in donate.values()}
     return TrainStep(executable, optimizer, names, types, target)

@@ -42,6 +42,10 @@ The call writes into the buffer of one of the loop's outputs, so that output
 cannot be one that must be written over a feed (donation: the call would
 overwrite the feed before the loop reads it); such a loop runs on its own.
 
+A forward value recomputed for the backward (`remat`) joins only a loop that
+holds backward work: in a loop of the forward it would be computed, and
+kept, in the forward again.
+
 Every node belongs to exactly one group, as the memory pass requires: a
 value recomputed by several loops is listed in the first of them, and each
 loop's `computes` lists everything it evaluates.
@@ -207,14 +211,16 @@ class _Group:
     computes: set[int] = field(default_factory=set)
     scalars: set[int] = field(default_factory=set)
     epilogue: "_Group | None" = None
+    backward: bool = False  # holds backward work that is not a recomputed forward value
 
 
 class _Planner:
     """Builds the groups root by root, keeping the kernel dependency graph acyclic."""
 
-    def __init__(self, graph: Graph, materialised: set[int]):
+    def __init__(self, graph: Graph, materialised: set[int], recomputed: set[int] = frozenset()):
         self.graph = graph
         self.materialised = materialised
+        self.recomputed = recomputed
         self.groups: list[_Group] = []
         self.producer: dict[int, int] = {}  # materialised node -> group index
         self.dag = nx.DiGraph()
@@ -252,8 +258,9 @@ class _Planner:
         cone = cone_of(self.graph, root, self.materialised)
         domain = domain_of(self.graph, self.graph[root])
         best = None
+        late = root in self.recomputed  # must not join a loop that runs in the forward
         for index, group in enumerate(self.groups):
-            if group.kind == "loop" and group.domain == domain:
+            if group.kind == "loop" and group.domain == domain and (group.backward or not late):
                 fit = self._fit(index, group, cone)
                 if fit is not None and (best is None or fit[1] > best[2]):
                     best = (index, fit[0], fit[1])
@@ -264,6 +271,7 @@ class _Planner:
             index, phase, _ = best
         group = self.groups[index]
         group.roots.append(root)
+        group.backward |= self.graph[root].role == "backward" and not late
         group.phase[root] = phase
         group.computes |= cone.computes
         group.scalars |= cone.scalars
@@ -382,21 +390,37 @@ def _needed(graph: Graph, outputs: list[int]) -> set[int]:
     return needed
 
 
-def plan_fusion(graph: Graph, donated: set[int] = frozenset()) -> FusionPlan:
+def _visit_order(graph: Graph, recomputed: set[int]) -> list[int]:
+    """The topological order groups are made (and so run) in: by node id, except that a
+    recomputed value comes just before its first reader, not as early as its inputs allow
+    (computed early, it would be kept as long as before)."""
+    if not recomputed:
+        return graph.topo_order()
+    rank: dict[int, float] = {n: float(n) for n in graph.nodes}
+    for c in reversed(graph.topo_order(recomputed)):
+        readers = graph.consumers(c)
+        rank[c] = min((rank[u] for u in readers), default=rank[c]) - 1e-6
+    return list(nx.lexicographical_topological_sort(graph.nx, key=rank.__getitem__))
+
+
+def plan_fusion(graph: Graph, donated: set[int] = frozenset(),
+                recomputed: set[int] = frozenset()) -> FusionPlan:
     """The fusion plan of `graph` for its `outputs`; `donated` outputs must be written by a
-    loop (module docstring)."""
+    loop, `recomputed` values (remat's clones) only in loops of backward work (module
+    docstring)."""
     outputs = list(graph.outputs)
     graph.remove(set(graph.nodes) - _needed(graph, outputs))
     materialised = mandatory_roots(graph, outputs)
     materialise_shared(graph, materialised)
-    planner = _Planner(graph, materialised)
-    for node_id in graph.topo_order():
+    planner = _Planner(graph, materialised, set(recomputed))
+    visit = _visit_order(graph, set(recomputed))
+    for node_id in visit:
         planner.add(node_id)
     needed_outside = set(outputs).union(*(group.reads for group in planner.groups))
     planner.attach_epilogues(set(outputs), needed_outside, set(donated))
     order = planner.execution_order()
     owned = _owned(planner, order, graph)
-    position = {n: k for k, n in enumerate(graph.topo_order())}
+    position = {n: k for k, n in enumerate(visit)}
     return FusionPlan([_finish(graph, planner.groups[i], f"k{step}", owned.get(i, []), needed_outside,
                                materialised, position) for step, i in enumerate(order)])
 
@@ -438,7 +462,8 @@ def _finish(graph: Graph, group: _Group, name: str, nodes: list[int], needed_out
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     """The pass: plan fusion for `graph.outputs`, store it in `ctx.fusion`, count what it did."""
-    plan = plan_fusion(graph, ctx.donated_outputs(graph))
+    clones = set(ctx.remat.clones) if ctx.remat else set()
+    plan = plan_fusion(graph, ctx.donated_outputs(graph), clones)
     ctx.fusion = plan
     kernels = plan.kernels()
     recomputed = sum(
