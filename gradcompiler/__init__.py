@@ -21,6 +21,7 @@ from .errors import (  # noqa: F401
     FeedError,
     GraphError,
     IndexOutOfRangeError,
+    MemoryBudgetError,
     NonFiniteError,
     NotDifferentiableError,
     ShapeError,
@@ -35,6 +36,8 @@ from .gradcheck import check_grads  # noqa: E402,F401
 from .custom import custom_gradient  # noqa: E402,F401
 from .dot import to_dot  # noqa: E402,F401
 from .compile import cache_info, clear_cache, compile  # noqa: E402,F401,A004
+from . import optim  # noqa: E402,F401
+from .training import TrainStep, train_step  # noqa: E402,F401
 
 try:  # the installed distribution's version: pyproject.toml is the one place it is written
     __version__ = _metadata.version("gradcompiler")

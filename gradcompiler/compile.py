@@ -3,6 +3,7 @@
     step = gc.compile(outputs, target="cpu")
     values = step(**feeds)            # fresh arrays (or step(feeds), as gc.evaluate takes them)
     step(out=[...], **feeds)          # written into the caller's arrays
+    gc.compile([loss, w_new], donate={1: "w"})   # w_new written over the caller's array `w`
     print(step.report()); step.source(); step.to_dot("step.dot")
 
 The pipeline (`gradcompiler.passes.pipeline.optimize`, ending with `fuse` and `memory`)
@@ -16,6 +17,15 @@ An Executable owns its buffers, so calls to one instance from several threads
 are serialised by a lock of its own (`numba_cpu.runtime`, `numba_cuda.executable`):
 each result is right, and threads that want to run at the same time compile
 an executable each.
+
+Donation (`donate={output index: feed name}`) is how a training step updates its
+state in place: the memory plan writes that output over the feed's buffer where
+no kernel still needs the old value (`gradcompiler.passes.donation`), and the caller's
+feed array is the output. Where it cannot, the output is computed apart and
+copied into the feed's array after the step, with the same result for the caller;
+`donated_in_place` says which outputs were written in place. A donated feed must
+be the caller's own writeable, C-contiguous array of the feed's dtype (on CUDA a
+device array), since it is written.
 """
 
 from __future__ import annotations
@@ -191,18 +201,48 @@ class Executable:
         self._single = single
         self._placeholders = [n for n in graph.nodes.values() if isinstance(n.op, Placeholder)]
         self._feed_names = set(source_graph.feed_names)
+        self.donate = dict(context.donations)
+        self.donated_in_place = frozenset(program.in_place)
+
+    @property
+    def allocations(self) -> tuple[int, int]:
+        """(arrays, bytes) the calls so far have allocated: the buffers allocated once, when
+        the step was built, are not counted."""
+        return self._runner.allocations, self._runner.allocated_bytes
 
     def __call__(self, feeds: Mapping[str, Any] | None = None, /, *,
                  out: Sequence[np.ndarray] | np.ndarray | None = None, **named: Any):
         """Run one step on `feeds` (a dict, as `gc.evaluate` takes it, and/or keywords)."""
         feeds = _merged_feeds(feeds, named)
         arrays = validate_feeds(self._placeholders, feeds, ignorable=self._feed_names)
+        self._check_donated(feeds, arrays)
         targets = None if out is None else self._checked_out(out, arrays)
         try:
             results = self._runner.run(arrays, targets)
         except NonFiniteError as err:
             raise self._located(err, arrays) from None
+        return self._finish(results, feeds)
+
+    def _check_donated(self, feeds: Mapping[str, Any], arrays: Mapping[str, Any]) -> None:
+        """A donated feed is written: it must be the caller's array, used without a copy."""
+        for name in self.donate.values():
+            given = feeds.get(name)
+            if not isinstance(given, np.ndarray) or arrays.get(name, given) is not given \
+                    or not given.flags.writeable:
+                raise FeedError(f"feed '{name}' is updated in place by this step, so it must be a "
+                                "writeable, C-contiguous numpy array of its exact dtype and shape")
+
+    def _finish(self, results: list, feeds: Mapping[str, Any]):
+        """Donated outputs that could not be planned in place, copied into their feeds."""
+        for k, name in self.donate.items():
+            if k not in self.donated_in_place:
+                self._copy_into(feeds[name], results[k])
+                results[k] = feeds[name]
         return results[0] if self._single else results
+
+    @staticmethod
+    def _copy_into(target, value) -> None:
+        np.copyto(target, value)
 
     def _checked_out(self, out, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         targets = [out] if isinstance(out, np.ndarray) else list(out)
@@ -259,11 +299,27 @@ class DeviceExecutable(Executable):
 
         feeds = _merged_feeds(feeds, named)
         on_device = device_feeds(self._placeholders, feeds, ignorable=self._feed_names)
+        self._check_donated(feeds, on_device)
         try:
             results = self._runner.run(on_device, to_host=to_host)
         except NonFiniteError as err:
             raise self._located(err, {k: v.copy_to_host() for k, v in on_device.items()}) from None
-        return results[0] if self._single else results
+        if to_host:
+            return results[0] if self._single else results
+        return self._finish(results, feeds)
+
+    def _check_donated(self, feeds: Mapping[str, Any], arrays: Mapping[str, Any]) -> None:
+        from .backends.numba_cuda.device import is_device_array
+
+        for name in self.donate.values():
+            if name in feeds and not is_device_array(feeds[name]):
+                raise FeedError(f"feed '{name}' is updated in place by this step, so on the cuda "
+                                "target it must be a device array (cuda.to_device(...))")
+
+    def _copy_into(self, target, value) -> None:
+        from .backends.numba_cuda.device import copy
+
+        copy(value, target, self._runner.config)
 
 
 def _merged_feeds(feeds: Mapping[str, Any] | None, named: Mapping[str, Any]) -> dict[str, Any]:
@@ -283,6 +339,26 @@ def _allocating(graph: Graph, program: Program, build):
         raise _memory_error(graph, program, f"cannot be allocated ({err})") from None
 
 
+def _checked_donations(graph: Graph, outputs: Sequence[Tensor],
+                       donate: Mapping[int, str]) -> dict[int, str]:
+    """`donate` checked: each output index exists, each feed is a feed of the graph of that
+    output's type, and no feed takes two outputs."""
+    if len(set(donate.values())) != len(donate):
+        raise GraphError("compile: donate= gives one feed to two outputs", site=call_site())
+    for k, name in donate.items():
+        if not isinstance(k, int) or not 0 <= k < len(outputs):
+            raise GraphError(f"compile: donate= names output {k!r}, but there are "
+                             f"{len(outputs)} outputs", site=call_site())
+        if name not in graph.feed_names:
+            raise GraphError(f"compile: donate= names '{name}', which is not a feed of graph "
+                             f"'{graph.name}'", site=call_site())
+        feed = graph[graph.feed_names[name]]
+        if feed.type != outputs[k].type:
+            raise GraphError(f"compile: output {k} is {outputs[k].type} but the feed '{name}' it "
+                             f"is donated to is {feed.type}", site=call_site())
+    return dict(donate)
+
+
 def cache_info() -> dict:
     """Counters of the kernel cache in this process (module and Numba hits, compiles), its
     directory, and what that holds (module and compiled-kernel files, all files, bytes)."""
@@ -299,7 +375,10 @@ def clear_cache() -> None:
 
 
 def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: bool = False,
-            fastmath: bool | Sequence[str] = False) -> Executable:  # noqa: A001 - the natural name
+            fastmath: bool | Sequence[str] = False,
+            donate: Mapping[int, str] | None = None,
+            memory_budget: float | int | None = None,
+            ) -> Executable:  # noqa: A001 - the natural name
     """Compile Tensor `outputs` (one, or a list) into an Executable for `target`.
 
     `passes` replaces the default pipeline (`gradcompiler.passes.pipeline.DEFAULT_PIPELINE`;
@@ -310,7 +389,11 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     kernel and the forward op). `fastmath`: False (default: fused
     multiply-add and reassociation, which change rounding but not special
     values), True (every LLVM fast-math flag but nnan/ninf), or a set of
-    LLVM flag names.
+    LLVM flag names. `donate` maps an output's index to the name of a feed of its type
+    that the output replaces: it is written over the caller's array (module docstring).
+    `memory_budget` (bytes as an int, or a fraction in (0, 1] of the default plan's peak)
+    makes the `remat` pass recompute forward values in the backward until the planned
+    peak fits (`gradcompiler.passes.remat`); `MemoryBudgetError` if no plan does.
     """
     require_target(target)
     debug = debug or debug_from_env()
@@ -326,10 +409,12 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     if keyword in source_graph.feed_names:
         raise GraphError(f"compile: an input is named '{keyword}', which is the keyword of the compiled "
                          f"step's own call ({keyword}=...); rename that input", site=call_site())
+    donations = _checked_donations(source_graph, tensors, donate or {})
     timings = {}
     start = time.perf_counter()
     graph, ctx = optimize(source_graph, [t.id for t in tensors], passes=passes,
-                          extra_passes=extra_passes, debug=debug)
+                          extra_passes=extra_passes, debug=debug, donations=donations,
+                          memory_budget=memory_budget)
     _ensure_planned(graph, ctx)
     _check_dtypes(graph, target)
     timings["passes"] = time.perf_counter() - start

@@ -9,7 +9,9 @@
 * `optimised` (an executable from `gc.compile`): its optimised graph, forward
   and backward clusters again, each fusion group a nested cluster named after
   its kernel, and every captured forward value (kept alive from the forward
-  into the backward) drawn as a highlighted edge labelled with its size.
+  into the backward) drawn as a highlighted edge labelled with its size; a
+  forward value recomputed in the backward under a memory budget (`remat`)
+  is drawn octagonal, labelled "recomputed".
 
 The structure is built with pydot, never by pasting strings, and node ids are
 our own (`n<id>`), so a user's name only ever reaches the DOT text inside a
@@ -210,7 +212,9 @@ def _build(obj: Any, stage: str):
     clusters = {s: pydot.Cluster(s, label=quote(s), style="dashed", color="grey50")
                 for s in ("forward", "backward")}
     if stage == "optimised":
-        _add_fusion_groups(pydot, clusters, graph, obj.plan, ids, set(outputs))
+        remat = obj.context.remat
+        _add_fusion_groups(pydot, clusters, graph, obj.plan, ids, set(outputs),
+                           set(remat.clones) if remat is not None else set())
     else:
         composites: dict[tuple[str, str], object] = {}
         for i in sorted(ids):
@@ -233,7 +237,8 @@ def _build(obj: Any, stage: str):
     return dot
 
 
-def _add_fusion_groups(pydot, clusters, graph: Graph, plan, ids: set[int], outputs: set[int]):
+def _add_fusion_groups(pydot, clusters, graph: Graph, plan, ids: set[int], outputs: set[int],
+                       recomputed: set[int]):
     """Kernels as clusters inside the side they run on; sources and aliases stay plain nodes."""
     grouped: set[int] = set()
     kernels = {id(group) for group in plan.kernels()}
@@ -248,6 +253,9 @@ def _add_fusion_groups(pydot, clusters, graph: Graph, plan, ids: set[int], outpu
         materialised = set(group.outputs)
         for i in members:
             node = _node(pydot, graph[i], i in outputs)
+            if i in recomputed:
+                node.set("shape", "octagon")
+                node.set("xlabel", quote("recomputed"))
             if i not in materialised:  # lives in registers only, never in memory
                 node.set("style", ",".join(filter(None, (node.get("style"), "dashed"))))
             cluster.add_node(node)

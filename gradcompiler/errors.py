@@ -67,5 +67,9 @@ class NonFiniteError(RunError, FloatingPointError):
     """Debug mode found NaN or Inf in a kernel's output."""
 
 
+class MemoryBudgetError(GradCompilerError, ValueError):
+    """A memory budget below the smallest peak any plan of the step reaches."""
+
+
 class BackendUnavailableError(GradCompilerError, RuntimeError):
     """The requested target cannot run here (no GPU and no simulator, say)."""

@@ -211,6 +211,7 @@ class Program:
     buffers: list[BufferSpec]
     steps: list[Step]
     outputs: list[int]  # buffer of each requested output
+    in_place: frozenset[int] = frozenset()  # outputs written over the feed buffer they update
 
     def kernels(self) -> list[LoopKernel]:
         """Distinct loop kernels, in first-use order."""

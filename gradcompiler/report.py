@@ -9,7 +9,8 @@ name, iteration space, fused ops, bytes moved, FLOPs, how it was compiled
 and its generated module, as `step.source()` names it),
 the captures (`memory.captures`: the forward values kept alive for the
 backward, with their sizes), the memory plan (peak against the unfused
-op-by-op peak), and the compile (seconds per stage, cache hits, and the
+op-by-op peak), what a memory budget made `remat` keep and recompute, and the
+compile (seconds per stage, cache hits, and the
 kernel cache's counters for the whole process, read when the report is made).
 """
 
@@ -25,7 +26,7 @@ from gradcompiler.passes.pipeline import format_stats
 
 from .units import format_bytes, format_count
 
-SECTIONS = ("passes", "kernels", "captures", "memory", "compile")
+SECTIONS = ("passes", "kernels", "captures", "memory", "remat", "compile")
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
@@ -98,6 +99,24 @@ def _memory(executable: Any) -> list[str]:
     ]
 
 
+def _remat(executable: Any) -> list[str]:
+    """What the memory budget made `remat` keep and recompute (`passes/remat.py`)."""
+    remat, graph = executable.context.remat, executable.graph
+    if remat is None:
+        return ["  no memory budget: every value the backward reads is kept"]
+    lines = [(f"  budget {format_bytes(remat.budget_bytes)}: "
+              f"planned peak {format_bytes(remat.peak)} "
+              f"(default plan {format_bytes(remat.default_peak)}); {len(remat.recomputed)} values "
+              f"recomputed, {format_bytes(remat.bytes_saved)} no longer kept, "
+              f"{format_count(remat.extra_flops)} extra FLOPs")]
+
+    def named(ids: list[int]) -> str:
+        text = (f"%{v} {graph[v].op.label}" if v in graph else f"%{v}" for v in ids)
+        return ", ".join(text) or "none"
+
+    return lines + [f"  kept: {named(remat.kept)}", f"  recomputed: {named(remat.recomputed)}"]
+
+
 def _compile(executable: Any) -> list[str]:
     from .compile import cache_info  # compile.py imports this module
 
@@ -120,6 +139,6 @@ def format_report(executable: Any) -> str:
     before = stats[0].nodes_before if stats else len(graph)
     lines = [(f"compiled step of graph '{graph.name}': {before} nodes before the passes, "
               f"{len(graph)} after, {len(graph.outputs)} outputs")]
-    for title, section in zip(SECTIONS, (_passes, _kernels, _captures, _memory, _compile)):
+    for title, section in zip(SECTIONS, (_passes, _kernels, _captures, _memory, _remat, _compile)):
         lines += _section(title, section(executable))
     return "\n".join(lines)

@@ -14,7 +14,9 @@ index map of the loop that reads it. So a broadcast is never copied: every
 loop that reads it reads the small buffer through a stride-0 index.
 
 Recompute or materialise: an elementwise value used by two or more roots
-is recomputed in each of them unless its cost (the weights of the ops that
+(or a one-element value read by a loop over more points, which would
+recompute it at each: an optimizer's bias correction) is recomputed in each
+of them unless its cost (the weights of the ops that
 would be recomputed: 1 for arithmetic, 4 for division and square roots, 8
 for transcendentals) exceeds RECOMPUTE_LIMIT. Recomputing costs ALU work;
 materialising costs a store and a load of the whole value, which for a
@@ -36,6 +38,13 @@ gradients are one pass over memory.
 
 An elementwise loop that reads a library output (matmul + bias + relu) in
 place runs right after the library call, as its epilogue (`FusedLibrary`).
+The call writes into the buffer of one of the loop's outputs, so that output
+cannot be one that must be written over a feed (donation: the call would
+overwrite the feed before the loop reads it); such a loop runs on its own.
+
+A forward value recomputed for the backward (`remat`) joins only a loop that
+holds backward work: in a loop of the forward it would be computed, and
+kept, in the forward again.
 
 Every node belongs to exactly one group, as the memory pass requires: a
 value recomputed by several loops is listed in the first of them, and each
@@ -48,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import networkx as nx
+import numpy as np
 
 from gradcompiler.cones import ConeWalker, domain_index, domain_of, is_row_local, node_class
 from gradcompiler.ir import Graph, Node
@@ -175,8 +185,11 @@ def materialise_shared(graph: Graph, materialised: set[int]) -> None:
     while True:
         users: dict[int, int] = {}
         for root in _loop_roots(graph, materialised):
+            points = int(np.prod(domain_of(graph, graph[root]), dtype=np.int64))
             for n in cone_of(graph, root, materialised).computes - {root}:
-                users[n] = users.get(n, 0) + 1
+                # a scalar evaluated at every point of a larger loop counts as many users
+                many = 2 if graph[n].type.size == 1 and points > 1 else 1
+                users[n] = users.get(n, 0) + many
         cost: dict[int, int] = {}
         for n in position:
             node = graph[n]
@@ -198,14 +211,16 @@ class _Group:
     computes: set[int] = field(default_factory=set)
     scalars: set[int] = field(default_factory=set)
     epilogue: "_Group | None" = None
+    backward: bool = False  # holds backward work that is not a recomputed forward value
 
 
 class _Planner:
     """Builds the groups root by root, keeping the kernel dependency graph acyclic."""
 
-    def __init__(self, graph: Graph, materialised: set[int]):
+    def __init__(self, graph: Graph, materialised: set[int], recomputed: set[int] = frozenset()):
         self.graph = graph
         self.materialised = materialised
+        self.recomputed = recomputed
         self.groups: list[_Group] = []
         self.producer: dict[int, int] = {}  # materialised node -> group index
         self.dag = nx.DiGraph()
@@ -243,8 +258,9 @@ class _Planner:
         cone = cone_of(self.graph, root, self.materialised)
         domain = domain_of(self.graph, self.graph[root])
         best = None
+        late = root in self.recomputed  # must not join a loop that runs in the forward
         for index, group in enumerate(self.groups):
-            if group.kind == "loop" and group.domain == domain:
+            if group.kind == "loop" and group.domain == domain and (group.backward or not late):
                 fit = self._fit(index, group, cone)
                 if fit is not None and (best is None or fit[1] > best[2]):
                     best = (index, fit[0], fit[1])
@@ -255,6 +271,7 @@ class _Planner:
             index, phase, _ = best
         group = self.groups[index]
         group.roots.append(root)
+        group.backward |= self.graph[root].role == "backward" and not late
         group.phase[root] = phase
         group.computes |= cone.computes
         group.scalars |= cone.scalars
@@ -296,12 +313,15 @@ class _Planner:
         return phase, shared
 
     # -- epilogues ---------------------------------------------------------------------------
-    def attach_epilogues(self, outputs: set[int], needed_outside: set[int]) -> None:
+    def attach_epilogues(self, outputs: set[int], needed_outside: set[int],
+                         donated: set[int]) -> None:
         """Merge each loop that can update a library output in place into that library group.
 
         `needed_outside` are the values read outside the loop that computes them: only
-        those become a loop's outputs, so only those have a buffer the call can write.
+        those become a loop's outputs, so only those have a buffer the call can write;
+        `donated` outputs live in a feed's buffer, which the call must not write.
         """
+        targets = needed_outside - donated
         readers: dict[int, set[int]] = {}
         for index, group in enumerate(self.groups):
             for d in group.reads:
@@ -314,7 +334,7 @@ class _Planner:
                 if lib is None or self.groups[lib].kind != "library" or self.groups[lib].epilogue:
                     continue
                 if d in outputs or readers.get(d) != {index} or not self._in_place_target(
-                        group, d, needed_outside):
+                        group, d, targets):
                     continue
                 self.dag.remove_edge(lib, index)
                 if nx.has_path(self.dag, lib, index):
@@ -370,20 +390,37 @@ def _needed(graph: Graph, outputs: list[int]) -> set[int]:
     return needed
 
 
-def plan_fusion(graph: Graph) -> FusionPlan:
-    """The fusion plan of `graph` for its `outputs` (module docstring)."""
+def _visit_order(graph: Graph, recomputed: set[int]) -> list[int]:
+    """The topological order groups are made (and so run) in: by node id, except that a
+    recomputed value comes just before its first reader, not as early as its inputs allow
+    (computed early, it would be kept as long as before)."""
+    if not recomputed:
+        return graph.topo_order()
+    rank: dict[int, float] = {n: float(n) for n in graph.nodes}
+    for c in reversed(graph.topo_order(recomputed)):
+        readers = graph.consumers(c)
+        rank[c] = min((rank[u] for u in readers), default=rank[c]) - 1e-6
+    return list(nx.lexicographical_topological_sort(graph.nx, key=rank.__getitem__))
+
+
+def plan_fusion(graph: Graph, donated: set[int] = frozenset(),
+                recomputed: set[int] = frozenset()) -> FusionPlan:
+    """The fusion plan of `graph` for its `outputs`; `donated` outputs must be written by a
+    loop, `recomputed` values (remat's clones) only in loops of backward work (module
+    docstring)."""
     outputs = list(graph.outputs)
     graph.remove(set(graph.nodes) - _needed(graph, outputs))
     materialised = mandatory_roots(graph, outputs)
     materialise_shared(graph, materialised)
-    planner = _Planner(graph, materialised)
-    for node_id in graph.topo_order():
+    planner = _Planner(graph, materialised, set(recomputed))
+    visit = _visit_order(graph, set(recomputed))
+    for node_id in visit:
         planner.add(node_id)
     needed_outside = set(outputs).union(*(group.reads for group in planner.groups))
-    planner.attach_epilogues(set(outputs), needed_outside)
+    planner.attach_epilogues(set(outputs), needed_outside, set(donated))
     order = planner.execution_order()
     owned = _owned(planner, order, graph)
-    position = {n: k for k, n in enumerate(graph.topo_order())}
+    position = {n: k for k, n in enumerate(visit)}
     return FusionPlan([_finish(graph, planner.groups[i], f"k{step}", owned.get(i, []), needed_outside,
                                materialised, position) for step, i in enumerate(order)])
 
@@ -425,7 +462,8 @@ def _finish(graph: Graph, group: _Group, name: str, nodes: list[int], needed_out
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     """The pass: plan fusion for `graph.outputs`, store it in `ctx.fusion`, count what it did."""
-    plan = plan_fusion(graph)
+    clones = set(ctx.remat.clones) if ctx.remat else set()
+    plan = plan_fusion(graph, ctx.donated_outputs(graph), clones)
     ctx.fusion = plan
     kernels = plan.kernels()
     recomputed = sum(

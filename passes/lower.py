@@ -4,8 +4,8 @@
 
 Every materialised value gets a flat buffer (`BufferSpec`): feeds,
 constants, group outputs (placed in the memory plan's shared storage when
-there is one) and aliases (reshape-like views sharing their root's
-buffer). Each group becomes steps, in plan order: a `FusedLoop` one
+there is one; a donated output in its feed's buffer) and aliases
+(reshape-like views sharing their root's buffer). Each group becomes steps, in plan order: a `FusedLoop` one
 `KernelStep`; a `FusedLibrary` a `LibraryStep`, then its epilogue kernel,
 which updates the call's output in place (the call writes straight into the
 epilogue's output buffer).
@@ -229,6 +229,9 @@ class _ProgramBuilder:
                 spec = BufferSpec(t.shape, t.dtype, "feed", node_id, feed_name=node.op.feed_name)
             elif isinstance(node.op, Constant):
                 spec = BufferSpec(t.shape, t.dtype, "const", node_id, value=node.op.value.array)
+            elif self.memory is not None and node_id in self.memory.donated:
+                self.buffer_of[node_id] = self.buffer(self.memory.donated[node_id])
+                return self.buffer_of[node_id]
             else:
                 storage = self.memory.buffers.get(node_id) if self.memory is not None else None
                 spec = BufferSpec(t.shape, t.dtype, "temp", node_id, storage=storage)
@@ -253,8 +256,10 @@ class _ProgramBuilder:
         call = self.graph[group.call]
         epilogue = group.epilogue
         if epilogue is not None:
-            target = next(r for r in epilogue.outputs
-                          if node_class(self.graph[r]) != "reduction" and self.graph[r].type == call.type)
+            donated = self.memory.donated if self.memory is not None else {}
+            target = next(r for r in epilogue.outputs if r not in donated
+                          and node_class(self.graph[r]) != "reduction"
+                          and self.graph[r].type == call.type)
             self.buffer_of[call.id] = self.buffer(target)
         inputs = tuple(self.buffer(i) for i in call.inputs)
         self.steps.append(LibraryStep(group.name, call.op, inputs, self.buffer(call.id), call.id))
@@ -275,7 +280,9 @@ class _ProgramBuilder:
                 self.add_loop(group)
             elif group.kind == "alias":
                 self.add_alias(group)
-        return Program(self.buffers, self.steps, [self.buffer(o) for o in self.graph.outputs])
+        donated = self.memory.donated if self.memory is not None else {}
+        return Program(self.buffers, self.steps, [self.buffer(o) for o in self.graph.outputs],
+                       frozenset(k for k, o in enumerate(self.graph.outputs) if o in donated))
 
 
 def lower(graph: Graph, plan: FusionPlan, memory: MemoryPlan | None = None) -> Program:

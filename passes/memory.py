@@ -30,19 +30,25 @@ views no stride can express (PixelShuffle): their reader remaps indices.
   nodes (not feeds or constants) with a buffer of their own that a backward
   node reads from another group. A forward value fused into a backward
   kernel is recomputed there, so it is not a capture.
+* Donation (`donation.py`): an output asked to live in a feed's buffer (an
+  updated parameter over the parameter) is written there when that is safe,
+  after every other reader of the feed; the groups are reordered for it. A
+  donated output is no value of the plan: like a source, its memory is the
+  caller's. `donated` lists the wishes granted.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from gradcompiler.errors import GraphError
 from gradcompiler.ir import Graph
 
+from .donation import schedule_donations
 from .groups import FusionGroup, FusionPlan
 from .simplify.views import RESHAPE_LIKE
 
@@ -65,7 +71,8 @@ class MemoryPlan:
     index; `buffer_sizes[i]` is buffer i's size in bytes. `lifetimes` maps
     each materialised node to its (first, last) step in `order`. `captures`
     lists (node id, shape, dtype, nbytes) in node order. `in_place` counts
-    outputs written over a dying input.
+    outputs written over a dying input. `donated` maps each output written over a feed's
+    buffer to that feed.
     """
 
     order: list[FusionGroup]
@@ -77,6 +84,7 @@ class MemoryPlan:
     unfused_peak_bytes: int
     captures: list[Capture] = field(default_factory=list)
     in_place: int = 0
+    donated: dict[int, int] = field(default_factory=dict)
 
     @property
     def capture_bytes(self) -> int:
@@ -121,10 +129,12 @@ def buffer_roots(plan: FusionPlan) -> dict[int, int]:
     return root
 
 
-def _lifetimes(graph: Graph, plan: FusionPlan, root: dict[int, int]) -> dict[int, tuple[int, int]]:
-    """(first, last) step of every materialised value (sources excluded)."""
+def _lifetimes(graph: Graph, plan: FusionPlan, root: dict[int, int],
+               donated: Mapping[int, int] = {}) -> dict[int, tuple[int, int]]:
+    """(first, last) step of every materialised value (sources and donated outputs excluded)."""
     end = len(plan.groups)
-    first = {n: step for step, g in enumerate(plan.groups) if g.kind not in ("source", "alias") for n in g.outputs}
+    first = {n: step for step, g in enumerate(plan.groups) if g.kind not in ("source", "alias")
+             for n in g.outputs if n not in donated}
     last = dict(first)
     for step, group in enumerate(plan.groups):
         if group.kind == "alias":
@@ -173,7 +183,8 @@ def _in_place_safe(graph: Graph, group: FusionGroup, value: int, out: int, root:
 
     Yes for a lone scatter's data operand (the op is "copy data, then write
     into the copy"), and in an elementwise loop whose members all have out's
-    shape: element i of every member then reads element i of a full-shape
+    shape or one element (a scalar coefficient, read from no full-shape
+    buffer): element i of every member then reads element i of a full-shape
     input, and nothing reads an element after it is written. Either way the
     input must have out's shape, itemsize and element order, and so must
     every other input that views the same buffer (a loop reading x + x.T
@@ -186,9 +197,11 @@ def _in_place_safe(graph: Graph, group: FusionGroup, value: int, out: int, root:
     node = graph[out]
     if group.nodes == (out,) and node.op.kind == "scatter":
         return sharing == [value] and node.inputs[0] == value and _keeps_element_order(graph, value, root[value])
-    return (group.kind == "loop"
+    return (group.kind in ("loop", "reduce")
             and all(graph[i].type.shape == o.shape and _keeps_element_order(graph, i, root[value]) for i in sharing)
-            and all(graph[m].op.kind == "elementwise" and graph[m].type.shape == o.shape for m in group.nodes))
+            and all(graph[m].op.kind == "elementwise"
+                    and (graph[m].type.shape == o.shape or graph[m].type.size == 1)
+                    for m in group.nodes))
 
 
 class _Allocator:
@@ -241,12 +254,18 @@ def _peak_occupied_bytes(sizes: list[int], buffer_of: dict[int, int],
     return max(sum(size for size, live in zip(sizes, column) if live) for column in occupied.T)
 
 
-def plan_memory(graph: Graph, plan: FusionPlan | None = None) -> MemoryPlan:
-    """The memory plan of `graph` executed group by group in `plan`'s order."""
+def plan_memory(graph: Graph, plan: FusionPlan | None = None,
+                donations: Mapping[int, int] | None = None) -> MemoryPlan:
+    """The memory plan of `graph` executed group by group in `plan`'s order (reordered only
+    for the `donations` granted: output node → the feed node whose buffer it should take)."""
     plan = plan or singleton_plan(graph)
     _check_covers(graph, plan)
     root = buffer_roots(plan)
-    lifetimes = _lifetimes(graph, plan, root)
+    groups, donated = schedule_donations(graph, plan, root, donations or {}, _in_place_safe)
+    plan = FusionPlan(groups)
+    for out, feed in donated.items():
+        root[out] = feed
+    lifetimes = _lifetimes(graph, plan, root, donated)
     dying: dict[int, list[int]] = {}
     for n, (_, last) in lifetimes.items():
         dying.setdefault(last, []).append(n)
@@ -255,7 +274,7 @@ def plan_memory(graph: Graph, plan: FusionPlan | None = None) -> MemoryPlan:
         if group.kind in ("source", "alias"):
             continue
         inherited = set()
-        for out in group.outputs:
+        for out in (o for o in group.outputs if o not in donated):
             nbytes = graph[out].type.nbytes
             donor = next((root[i] for i in group.inputs
                           if root.get(i) in lifetimes and lifetimes[root[i]][1] == step
@@ -275,11 +294,18 @@ def plan_memory(graph: Graph, plan: FusionPlan | None = None) -> MemoryPlan:
         order=list(plan.groups), buffers=buffers, buffer_sizes=alloc.sizes, lifetimes=lifetimes,
         peak_bytes=_peak_occupied_bytes(alloc.sizes, buffer_of, lifetimes), arena_bytes=sum(alloc.sizes),
         unfused_peak_bytes=unfused_peak_bytes(graph),
-        captures=_captures(graph, plan, root, set(lifetimes)), in_place=in_place)
+        captures=_captures(graph, plan, root, set(lifetimes)), in_place=in_place, donated=donated)
 
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
-    plan = plan_memory(graph, ctx.fusion)
+    """The pass: plan memory for the fusion plan (or op by op), honouring `ctx.donations`
+    (output index → feed name); the plan's order becomes the fusion plan's."""
+    wanted = {graph.outputs[k]: graph.feed_names[name] for k, name in ctx.donations.items()
+              if name in graph.feed_names}
+    plan = plan_memory(graph, ctx.fusion, wanted)
     ctx.memory = plan
+    if ctx.fusion is not None:
+        ctx.fusion = FusionPlan(plan.order)
     return {"buffers": len(plan.buffer_sizes), "values": len(plan.lifetimes), "in_place": plan.in_place,
+            "donated": len(plan.donated),
             "bytes_saved": plan.unfused_peak_bytes - plan.peak_bytes}  # pipeline.BYTES_SAVED

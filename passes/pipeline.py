@@ -30,9 +30,10 @@ from gradcompiler.ir import Graph, verify
 from gradcompiler.ops.custom import CustomGradient
 from gradcompiler.units import format_bytes
 
-from . import constant_fold, cse, fuse, memory, prune, simplify
+from . import constant_fold, cse, fuse, memory, prune, remat, simplify
 from .groups import FusionPlan
 from .memory import MemoryPlan
+from .remat import RematPlan
 
 BYTES_SAVED = "bytes_saved"
 """Reserved key of a pass's result: its own bytes-saved figure, not a rewrite count."""
@@ -57,6 +58,10 @@ class PassContext:
     `assume_finite` lets `simplify` fold float `x * 0` to 0, which is wrong
     for inf and NaN, so it is off unless the caller vouches for its data.
     `fold_limit` is the largest constant (in elements) `constant_fold` builds.
+    `donations` maps an output's index to the feed whose buffer it should be written
+    into (`donation.py`); fuse and memory plan for it. `memory_budget` (bytes, or a
+    fraction of the default plan's peak) makes `remat` recompute forward values to meet
+    it; its choices land in `remat`.
     """
 
     debug: bool = False
@@ -65,6 +70,13 @@ class PassContext:
     memory: MemoryPlan | None = None
     assume_finite: bool = False
     fold_limit: int = constant_fold.DEFAULT_LIMIT
+    donations: dict[int, str] = field(default_factory=dict)
+    memory_budget: float | int | None = None
+    remat: RematPlan | None = None
+
+    def donated_outputs(self, graph: Graph) -> set[int]:
+        """The output nodes asked to live in a feed's buffer."""
+        return {graph.outputs[k] for k in self.donations}
 
 
 PassFunction = Callable[[Graph, PassContext], dict[str, int]]
@@ -93,10 +105,12 @@ CSE = Pass("cse", cse.run)
 CONSTANT_FOLD = Pass("constant_fold", constant_fold.run)
 FUSE = Pass("fuse", fuse.run)
 MEMORY = Pass("memory", memory.run)
+REMAT = Pass("remat", remat.run)
 
 DEFAULT_PIPELINE: list[Pass] = [PRUNE, SIMPLIFY, CSE, CONSTANT_FOLD, SIMPLIFY, FUSE, MEMORY]
 """The passes `optimize` (and so `gc.compile`) runs by default, in order. FUSE and MEMORY
-plan rather than rewrite, so they come last: the memory plan follows the fusion groups."""
+plan rather than rewrite, so they come last: the memory plan follows the fusion groups.
+With a memory budget, REMAT runs just before the first of them (it measures those plans)."""
 
 UNFUSED_PIPELINE: list[Pass] = [p for p in DEFAULT_PIPELINE if p is not FUSE]
 """The default without FUSE: MEMORY then plans the op-by-op program (`memory.singleton_plan`),
@@ -104,6 +118,8 @@ the baseline fusion is measured against."""
 
 _PLANNING_PASSES = (FUSE.name, MEMORY.name)
 """Passes whose plans describe the graph as it stands: the graph must not change after them."""
+
+
 
 
 def computed_bytes(graph: Graph) -> int:
@@ -147,13 +163,17 @@ def optimize(
     extra_passes: Iterable[Pass | PassFunction] = (),
     debug: bool = False,
     assume_finite: bool = False,
+    donations: dict[int, str] | None = None,
+    memory_budget: float | int | None = None,
 ) -> tuple[Graph, PassContext]:
     """Run the pipeline on a copy of `graph` whose outputs are `outputs`.
 
     `passes` replaces DEFAULT_PIPELINE; `extra_passes` are inserted before
     the first planning pass (fuse, or memory). The input graph is never modified. The copy's
     `outputs` may be renumbered by rewrites (an output replaced by an
-    equivalent node), in order, one per requested output.
+    equivalent node), in order, one per requested output. `donations`: output index →
+    the name of the feed whose buffer that output should take; `memory_budget` for
+    `remat` (`PassContext`).
     """
     for o in outputs:
         if o not in graph:
@@ -161,9 +181,13 @@ def optimize(
     work = graph.copy()
     work.outputs = [int(o) for o in outputs]
     inline_custom_gradients(work)
-    ctx = PassContext(debug=debug or debug_from_env(), assume_finite=assume_finite)
+    ctx = PassContext(debug=debug or debug_from_env(), assume_finite=assume_finite,
+                      donations=dict(donations or {}), memory_budget=memory_budget)
     chosen = [as_pass(p) for p in (DEFAULT_PIPELINE if passes is None else passes)]
-    for p in _with_extras(chosen, [as_pass(p) for p in extra_passes]):
+    chosen = _with_extras(chosen, [as_pass(p) for p in extra_passes])
+    if memory_budget is not None and REMAT not in chosen:
+        chosen = _with_extras(chosen, [REMAT])  # after the extras: it measures the final graph
+    for p in chosen:
         run_pass(p, work, ctx)
     return work, ctx
 

@@ -16,7 +16,12 @@ caller's own (`out=`, when it is C-contiguous), else the array handed out
 by the previous call if the caller has let go of it (its reference count
 says so, so a loop of `step(**feeds)` allocates nothing), else a new one.
 An output held in memory only through a feed, a constant or another
-output is copied instead.
+output is copied instead, except a donated one (`Program.in_place`): it was
+written over its feed's buffer, and the caller's feed array is the result.
+
+`allocations` and `allocated_bytes` count the arrays a call allocates (new
+output arrays, copies): a loop whose outputs are all reused or donated adds
+nothing to them, which tests read instead of timing.
 
 Calls are serialised by a lock per Runner: the buffers, scratch rows and
 the arrays handed out last call are the executable's own, so two threads
@@ -194,6 +199,13 @@ class Runner:
             self.first_output.setdefault(_root(program, b), k)
         self.owned: list[np.ndarray | None] = [None] * len(self.out_roots)  # our arrays handed out last call
         self.lock = threading.Lock()  # one call at a time (module docstring)
+        self.allocations = 0
+        self.allocated_bytes = 0
+
+    def _allocated(self, array: np.ndarray) -> np.ndarray:
+        self.allocations += 1
+        self.allocated_bytes += array.nbytes
+        return array
 
     def _check(self, array: np.ndarray, step: int) -> None:
         if array.dtype.kind == "f" and not np.isfinite(array).all():
@@ -214,13 +226,16 @@ class Runner:
         results, handed = [], set()
         for k, b in enumerate(self.program.outputs):
             spec, root = self.program.buffers[b], _root(self.program, b)
+            if k in self.program.in_place:
+                results.append(feeds[spec.feed_name])
+                continue
             value = self._current(root, spec, feeds, arrays)
             if out is not None:
                 if not (root in direct and root not in handed):
                     np.copyto(out[k], value)
                 value = out[k]
             elif root not in self.out_slot or root in handed:
-                value = value.copy()
+                value = self._allocated(value.copy())
             handed.add(root)
             results.append(value)
         return results
@@ -246,7 +261,7 @@ class Runner:
             previous, self.owned[slot] = self.owned[slot], None
             # referenced by `previous` and getrefcount's argument only: the caller let go of it
             if previous is None or sys.getrefcount(previous) > 2:
-                previous = np.empty(spec.size, dtype=spec.dtype)
+                previous = self._allocated(np.empty(spec.size, dtype=spec.dtype))
             self.owned[slot] = previous
             arrays.append(previous)
         return arrays, direct

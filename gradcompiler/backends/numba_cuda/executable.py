@@ -10,10 +10,13 @@ once, feeds are uploaded once per call (numpy) or used in place (device
 arrays, `__cuda_array_interface__`), and only what the caller asks for
 comes back (`to_host=True`). Storages that hold a graph output are
 allocated afresh per call, so the device arrays a call returns are never
-overwritten by the next call. The other storages, scratch rows and partials
-are shared by every call, so calls are serialised by a lock per executable
-(as on the CPU, `numba_cpu.runtime`): a second host thread waits until the
-first call's kernels are enqueued and its outputs made.
+overwritten by the next call; a donated output (`Program.in_place`) is
+written over its feed, the caller's device array, which is the result.
+`allocations` and `allocated_bytes` count what calls allocate on the device.
+The other storages, scratch rows and partials are shared by every call, so
+calls are serialised by a lock per executable (as on the CPU,
+`numba_cpu.runtime`): a second host thread waits until the first call's
+kernels are enqueued and its outputs made.
 
 Each distinct `LoopKernel` is generated once per launch geometry
 (`codegen`), written to the module cache shared with the CPU backend
@@ -123,6 +126,7 @@ class CudaRunner:
                                         if self._in_arena(b)})
         arenas = {s: cuda.device_array(max(size, 1), np.uint8) for s, size in enumerate(self.arena_sizes)
                   if s not in self.per_call_storage}
+        self.allocations = self.allocated_bytes = 0
         self.fixed: list[Any] = [None] * len(buffers)  # None: a feed, an alias, or allocated per call
         for b, spec in enumerate(buffers):
             if spec.role == "const":
@@ -141,16 +145,23 @@ class CudaRunner:
         spec = self.program.buffers[b]
         return spec.alias_of if spec.alias_of is not None else b
 
+    def _allocate(self, shape: Any, dtype: Any, stream: Any = 0) -> Any:
+        array = cuda.device_array(shape, dtype, stream=stream)
+        self.allocations += 1
+        self.allocated_bytes += array.nbytes
+        return array
+
     def _buffers(self, feeds: Mapping[str, Any]) -> list[Any]:
         """This call's flat device array of every buffer."""
         buffers = list(self.fixed)
-        storages = {s: cuda.device_array(max(self.arena_sizes[s], 1), np.uint8) for s in self.per_call_storage}
+        storages = {s: self._allocate(max(self.arena_sizes[s], 1), np.uint8)
+                    for s in self.per_call_storage}
         for b, spec in enumerate(self.program.buffers):
             if spec.role == "feed":
                 buffers[b] = flat(feeds[spec.feed_name])
             elif spec.role == "temp" and buffers[b] is None:
                 buffers[b] = (storages[spec.storage][: spec.nbytes].view(spec.dtype) if self._in_arena(b)
-                              else cuda.device_array(spec.size, spec.dtype))
+                              else self._allocate(spec.size, spec.dtype))
         for b, spec in enumerate(self.program.buffers):
             if spec.role == "alias":
                 buffers[b] = buffers[spec.alias_of]
@@ -171,8 +182,12 @@ class CudaRunner:
             if self.debug:
                 self._check(launch, buffers, s)
         results = []
-        for b in self.program.outputs:
+        for k, b in enumerate(self.program.outputs):
             spec = self.program.buffers[b]
+            if k in self.program.in_place:
+                value = feeds[spec.feed_name]
+                results.append(value.copy_to_host() if to_host else value)
+                continue
             value = view(buffers[b], spec.shape)
             if self.program.buffers[self._root(b)].role in ("const", "feed") and not to_host:
                 value = self._fresh_copy(value, stream)  # never hand out our constant or the caller's feed
@@ -180,7 +195,7 @@ class CudaRunner:
         return results
 
     def _fresh_copy(self, value: Any, stream: Any) -> Any:
-        fresh = cuda.device_array(value.shape, value.dtype, stream=stream)
+        fresh = self._allocate(value.shape, value.dtype, stream)
         copy(value, fresh, self.config, stream)
         return fresh
 
