@@ -112,7 +112,8 @@ def measure_cuda_bandwidth(elements: int = FULL_STREAM_ELEMENTS, repeats: int = 
 
 
 def measure_cuda_sgemm(n: int = FULL_GEMM_N, repeats: int = 5) -> tuple[float, str]:
-    """GFLOP/s of cuBLAS's float32 n×n×n matmul through CuPy or PyTorch (NaN without either)."""
+    """GFLOP/s of cuBLAS's float32 n×n×n matmul through CuPy or PyTorch (NaN without either, or
+    without a GPU for them to reach)."""
     def timed(matmul, synchronize) -> float:
         def once():
             matmul()
@@ -123,9 +124,11 @@ def measure_cuda_sgemm(n: int = FULL_GEMM_N, repeats: int = 5) -> tuple[float, s
 
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
-    if importlib.util.find_spec("cupy") is not None:
-        import cupy
+    from ..backends.numba_cuda.cublas import matmul_route
 
+    route = matmul_route()  # CuPy where it reaches a GPU: the executables' own cuBLAS route
+    if route is not None:
+        cupy = route.cupy
         da, db = cupy.asarray(a), cupy.asarray(b)
         out = cupy.empty_like(da)
         return timed(lambda: cupy.matmul(da, db, out=out), cupy.cuda.Device().synchronize), "cupy"

@@ -222,7 +222,7 @@ def test_one_hot_gather_and_set(rng, axis):
 def test_one_hot_rejects_out_of_range_without_wrapping(bad):
     src = np.zeros((2, 5), np.float32)
     index = np.array([1, bad])
-    with pytest.raises(IndexOutOfRangeError, match=rf"IndexingOneHot.*{bad}.*size 5"):
+    with pytest.raises(IndexOutOfRangeError, match=rf"IndexingOneHot: index value {bad} is outside \[0, 5\)"):
         run_library_op(IndexingOneHot(1), src, index)
     out = np.full((2, 5), 3.0, np.float32)
     with pytest.raises(IndexOutOfRangeError, match="IndexingSetOneHot"):

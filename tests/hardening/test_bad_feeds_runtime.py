@@ -176,7 +176,7 @@ def test_missing_and_extra_feeds(target):
     (dict(idx=np.array([0.0, np.nan])), r"feed 'idx' has dtype float64, expected int32"),
     (dict(idx=np.array([0.0, 1.0], np.float32)), r"feed 'idx' has dtype float32, expected int32"),
     (dict(idx=[0, 1]), r"feed 'idx' has dtype int64, expected int32"),
-    (dict(idx=None), r"feed 'idx' has dtype object, expected int32"),
+    (dict(idx=None), r"feed 'idx' is None; it needs an array of shape \(2,\) and dtype int32"),
     (dict(x="weights"), r"feed 'x' has dtype str\d*, expected float32"),
 ], ids=["transposed", "extra-axis", "index-shape", "float64", "int64-index", "nan-index",
         "float-index", "list", "none", "string"])
