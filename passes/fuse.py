@@ -47,8 +47,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import networkx as nx
-
 from gradcompiler.cones import ConeWalker, domain_index, domain_of, is_row_local, node_class
 from gradcompiler.ir import Graph, Node
 from gradcompiler.ops.elemwise import Elemwise
@@ -56,6 +54,8 @@ from gradcompiler.ops.source import Constant
 from gradcompiler.view_maps import MultiIndex, is_contiguous_view
 
 from .groups import FusionGroup, FusionPlan
+from .kernel_dag import KernelDag
+from .work import WorkCounter
 
 if TYPE_CHECKING:
     from .pipeline import PassContext
@@ -122,10 +122,15 @@ class _ConeReads(ConeWalker[None]):
         return super()._evaluate(node, index)
 
 
-def cone_of(graph: Graph, root: int, materialised: set[int]) -> _ConeReads:
+def cone_of(graph: Graph, root: int, materialised: set[int],
+            work: WorkCounter | None = None) -> _ConeReads:
+    """What the loop computing `root` reads and evaluates; counted in `work` when given."""
     walker = _ConeReads(graph, domain_of(graph, graph[root]), materialised)
     walker.define(root)
     walker.computes.add(root)
+    if work is not None:
+        work.cone_evaluations += 1
+        work.nodes_visited += len(walker.memo)
     return walker
 
 
@@ -159,33 +164,51 @@ def mandatory_roots(graph: Graph, outputs: list[int]) -> set[int]:
     return materialised
 
 
-def _loop_roots(graph: Graph, materialised: set[int]) -> list[int]:
-    return [n for n in graph.topo_order() if n in materialised
-            and node_class(graph[n]) not in ("buffer_source", "library")
-            and not is_alias(graph, n, materialised)]
+def _cone_inputs(graph: Graph, node: Node) -> tuple[int, ...]:
+    """The inputs a cone walk visits from `node` (`ConeWalker`): a view reads its source,
+    an elementwise op or a reduction (as a root) its operands, a source nothing."""
+    cls = node_class(node)
+    if cls == "reduction" or (cls == "inline" and node.op.kind == "view"):
+        return node.inputs[:1]
+    return node.inputs if cls == "inline" else ()
 
 
-def materialise_shared(graph: Graph, materialised: set[int]) -> None:
+def materialise_shared(graph: Graph, materialised: set[int], order: list[int],
+                       work: WorkCounter) -> None:
     """Add every shared elementwise value whose recompute cost exceeds RECOMPUTE_LIMIT.
 
-    One value at a time, the latest in topological order first, since
-    materialising it changes what the others' cones contain.
+    The rule: materialise, one at a time and the latest in topological order first, a
+    value that is in the cones of two or more loop roots and costs more than the limit to
+    recompute, until no such value is left. Materialising `m` changes only the cones that
+    contained `m` and the costs of values computed from `m`, all of them later than `m`;
+    nothing about a value later than `m` that was not chosen changes. So one sweep in
+    reverse topological order makes the same choices, each value decided once:
+
+    * cost: what recomputing a value costs (inputs counted per use, as the cone
+      evaluates them), from the mandatory roots only (nothing earlier than the value is
+      chosen before it), in one forward sweep, saturated above the limit;
+    * users: the loop roots whose cone holds the value, found from its consumers, all
+      decided by then. Only "two or more" matters, so at most two are kept per value.
     """
-    position = {n: k for k, n in enumerate(graph.topo_order())}
-    while True:
-        users: dict[int, int] = {}
-        for root in _loop_roots(graph, materialised):
-            for n in cone_of(graph, root, materialised).computes - {root}:
-                users[n] = users.get(n, 0) + 1
-        cost: dict[int, int] = {}
-        for n in position:
-            node = graph[n]
-            cost[n] = op_weight(node) + sum(cost.get(i, 0) for i in node.inputs if i not in materialised)
-        shared = [n for n, count in users.items()
-                  if count >= 2 and graph[n].op.kind == "elementwise" and cost[n] > RECOMPUTE_LIMIT]
-        if not shared:
-            return
-        materialised.add(max(shared, key=position.__getitem__))
+    cost: dict[int, int] = {}
+    for n in order:
+        node = graph[n]
+        total = op_weight(node) + sum(cost[i] for i in node.inputs if i not in materialised)
+        cost[n] = min(total, RECOMPUTE_LIMIT + 1)
+    users: dict[int, frozenset[int]] = {}
+    for n in reversed(order):
+        node = graph[n]
+        if n not in materialised:
+            roots = users.pop(n, frozenset())
+            if len(roots) >= 2 and node.op.kind == "elementwise" and cost[n] > RECOMPUTE_LIMIT:
+                materialised.add(n)
+        if n in materialised:
+            roots = frozenset((n,)) if node_class(node) in ("inline", "reduction") else frozenset()
+        for i in _cone_inputs(graph, node):
+            if roots and i not in materialised:
+                known = users.get(i, frozenset())
+                users[i] = known if len(known) >= 2 else frozenset(list(known | roots)[:2])
+    work.nodes_visited += 2 * len(order)
 
 
 @dataclass
@@ -203,12 +226,14 @@ class _Group:
 class _Planner:
     """Builds the groups root by root, keeping the kernel dependency graph acyclic."""
 
-    def __init__(self, graph: Graph, materialised: set[int]):
+    def __init__(self, graph: Graph, materialised: set[int], work: WorkCounter):
         self.graph = graph
         self.materialised = materialised
+        self.work = work
         self.groups: list[_Group] = []
         self.producer: dict[int, int] = {}  # materialised node -> group index
-        self.dag = nx.DiGraph()
+        self.loop_readers: dict[int, set[int]] = {}  # value -> the loop groups that read it
+        self.dag = KernelDag(work)
 
     def _new(self, group: _Group, deps) -> int:
         index = len(self.groups)
@@ -239,15 +264,26 @@ class _Planner:
         else:
             self._add_root(node_id)
 
+    def _candidates(self, cone: _ConeReads, domain: tuple[int, ...]) -> list[int]:
+        """The loops over `domain` that produce or read a value the cone reads, by index: only
+        these can share a read with it (`_fit`), so no other group needs looking at."""
+        found = set()
+        for d in cone.reads:
+            found |= self.loop_readers.get(d, set())
+            if d in self.producer:
+                found.add(self.producer[d])
+        self.work.nodes_visited += len(found)
+        return sorted(i for i in found if self.groups[i].kind == "loop"
+                      and self.groups[i].domain == domain)
+
     def _add_root(self, root: int) -> None:
-        cone = cone_of(self.graph, root, self.materialised)
+        cone = cone_of(self.graph, root, self.materialised, self.work)
         domain = domain_of(self.graph, self.graph[root])
         best = None
-        for index, group in enumerate(self.groups):
-            if group.kind == "loop" and group.domain == domain:
-                fit = self._fit(index, group, cone)
-                if fit is not None and (best is None or fit[1] > best[2]):
-                    best = (index, fit[0], fit[1])
+        for index in self._candidates(cone, domain):
+            fit = self._fit(index, self.groups[index], cone)
+            if fit is not None and (best is None or fit[1] > best[2]):
+                best = (index, fit[0], fit[1])
         if best is None:
             index = self._new(_Group("loop", domain=domain), ())
             phase = 0
@@ -265,6 +301,7 @@ class _Planner:
             if d in group.phase:
                 continue
             group.reads.setdefault(d, set()).update(where)
+            self.loop_readers.setdefault(d, set()).add(index)
             if self.producer.get(d, index) != index:
                 self.dag.add_edge(self.producer[d], index)
         self.producer[root] = index
@@ -291,7 +328,7 @@ class _Planner:
                 same_phase = node_class(node) != "reduction" and at == identity
                 phase = max(phase, group.phase[d] + (0 if same_phase else 1))
         producers.discard(index)
-        if producers & nx.descendants(self.dag, index):
+        if self.dag.reaches_any(index, producers):
             return None
         return phase, shared
 
@@ -312,10 +349,10 @@ class _Planner:
                 if d in outputs or readers.get(d) != {index} or not self._in_place_target(group, d):
                     continue
                 self.dag.remove_edge(lib, index)
-                if nx.has_path(self.dag, lib, index):
+                if self.dag.reaches_any(lib, {index}):
                     self.dag.add_edge(lib, index)
                     continue
-                nx.contracted_nodes(self.dag, lib, index, self_loops=False, copy=False)
+                self.dag.contract(lib, index)
                 self.groups[lib].epilogue = group
                 group.kind = "epilogue"
                 break
@@ -328,10 +365,10 @@ class _Planner:
         return any(node_class(self.graph[r]) != "reduction" and self.graph[r].type == t for r in group.roots)
 
     def execution_order(self) -> list[int]:
-        return list(nx.lexicographical_topological_sort(self.dag))
+        return self.dag.topological_order()
 
 
-def _owned(planner: _Planner, order: list[int], graph: Graph) -> dict[int, list[int]]:
+def _owned(planner: _Planner, order: list[int], nodes: list[int]) -> dict[int, list[int]]:
     """Group index -> the nodes it lists: its roots, and what it is first to compute."""
     owner: dict[int, int] = {}
     for index in order:
@@ -345,7 +382,7 @@ def _owned(planner: _Planner, order: list[int], graph: Graph) -> dict[int, list[
         for n in computes:
             owner.setdefault(n, index)
     owned: dict[int, list[int]] = {}
-    for n in graph.topo_order():
+    for n in nodes:
         owned.setdefault(owner[n], []).append(n)
     return owned
 
@@ -361,20 +398,23 @@ def _needed(graph: Graph, outputs: list[int]) -> set[int]:
     return needed
 
 
-def plan_fusion(graph: Graph) -> FusionPlan:
-    """The fusion plan of `graph` for its `outputs` (module docstring)."""
+def plan_fusion(graph: Graph, work: WorkCounter | None = None) -> FusionPlan:
+    """The fusion plan of `graph` for its `outputs` (module docstring); the work it does is
+    added to `work`. One topological order of the graph serves every step."""
+    work = WorkCounter() if work is None else work
     outputs = list(graph.outputs)
     graph.remove(set(graph.nodes) - _needed(graph, outputs))
+    nodes = graph.topo_order()
     materialised = mandatory_roots(graph, outputs)
-    materialise_shared(graph, materialised)
-    planner = _Planner(graph, materialised)
-    for node_id in graph.topo_order():
+    materialise_shared(graph, materialised, nodes, work)
+    planner = _Planner(graph, materialised, work)
+    for node_id in nodes:
         planner.add(node_id)
     planner.attach_epilogues(set(outputs))
     order = planner.execution_order()
-    owned = _owned(planner, order, graph)
+    owned = _owned(planner, order, nodes)
     needed_outside = set(outputs).union(*(group.reads for group in planner.groups))
-    position = {n: k for k, n in enumerate(graph.topo_order())}
+    position = {n: k for k, n in enumerate(nodes)}
     return FusionPlan([_finish(graph, planner.groups[i], f"k{step}", owned.get(i, []), needed_outside,
                                materialised, position) for step, i in enumerate(order)])
 
@@ -416,7 +456,7 @@ def _finish(graph: Graph, group: _Group, name: str, nodes: list[int], needed_out
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     """The pass: plan fusion for `graph.outputs`, store it in `ctx.fusion`, count what it did."""
-    plan = plan_fusion(graph)
+    plan = plan_fusion(graph, ctx.work)
     ctx.fusion = plan
     kernels = plan.kernels()
     recomputed = sum(

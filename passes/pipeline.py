@@ -32,6 +32,7 @@ from gradcompiler.units import format_bytes
 from . import constant_fold, cse, fuse, memory, prune, simplify
 from .groups import FusionPlan
 from .memory import MemoryPlan
+from .work import WorkCounter
 
 BYTES_SAVED = "bytes_saved"
 """Reserved key of a pass's result: its own bytes-saved figure, not a rewrite count."""
@@ -64,6 +65,7 @@ class PassContext:
     memory: MemoryPlan | None = None
     assume_finite: bool = False
     fold_limit: int = constant_fold.DEFAULT_LIMIT
+    work: WorkCounter = field(default_factory=WorkCounter)
 
 
 PassFunction = Callable[[Graph, PassContext], dict[str, int]]
