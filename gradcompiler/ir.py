@@ -25,6 +25,8 @@ own line.
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -71,7 +73,7 @@ class TensorType:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -166,6 +168,7 @@ class Graph:
         self.feed_names: dict[str, int] = {}
         self._next_id = 0
         self._context: list[_BuildContext] = [_BuildContext("forward", None, None)]
+        self._order: list[int] | None = None  # topo_order() until the next mutation
 
     # -- context -------------------------------------------------------------
     def __enter__(self) -> "Graph":
@@ -219,6 +222,7 @@ class Graph:
         return node
 
     def _insert(self, node: Node) -> None:
+        self._order = None
         self.nodes[node.id] = node
         self.nx.add_node(node.id)
         for slot, i in enumerate(node.inputs):
@@ -235,30 +239,49 @@ class Graph:
         return len(self.nodes)
 
     def topo_order(self, ids: Iterable[int] | None = None) -> list[int]:
-        """Deterministic topological order (ties broken by node id)."""
-        sub = self.nx if ids is None else self.nx.subgraph(set(ids))
-        try:
-            return list(nx.lexicographical_topological_sort(sub))
-        except nx.NetworkXUnfeasible:  # a pass rewired a node into its own ancestors
-            cycle = [u for u, *_ in nx.find_cycle(sub)]
-            raise GraphError(f"graph '{self.name}' has a cycle through nodes {cycle}") from None
+        """Deterministic topological order (ties broken by node id: the smallest ready node
+        first). The order of the whole graph is kept until the graph changes, so passes that
+        ask for it again do not sort again; the caller must not modify the list."""
+        if ids is None and self._order is not None:
+            return self._order
+        members = set(self.nodes) if ids is None else set(ids)
+        waiting = {n: sum(1 for i in self.nodes[n].inputs if i in members) for n in members}
+        ready = [n for n, count in waiting.items() if count == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            n = heapq.heappop(ready)
+            order.append(n)
+            for s, edges in self.nx.succ[n].items():
+                if s in members:
+                    waiting[s] -= len(edges)
+                    if waiting[s] == 0:
+                        heapq.heappush(ready, s)
+        if len(order) < len(members):  # a pass rewired a node into its own ancestors
+            cycle = [u for u, *_ in nx.find_cycle(self.nx.subgraph(members))]
+            raise GraphError(f"graph '{self.name}' has a cycle through nodes {cycle}")
+        if ids is None:
+            self._order = order
+        return order
+
+    def _closure(self, ids: Iterable[int], step) -> set[int]:
+        """The given nodes and every node reached from them by `step(node_id)`, in one walk."""
+        result = set(ids)
+        stack = list(result)
+        while stack:
+            for m in step(stack.pop()):
+                if m not in result:
+                    result.add(m)
+                    stack.append(m)
+        return result
 
     def ancestors(self, ids: Iterable[int]) -> set[int]:
         """The given nodes and every node they depend on."""
-        result: set[int] = set()
-        for i in ids:
-            if i not in result:
-                result.add(i)
-                result |= nx.ancestors(self.nx, i)
-        return result
+        return self._closure(ids, lambda n: self.nodes[n].inputs)
 
     def descendants(self, ids: Iterable[int]) -> set[int]:
-        result: set[int] = set()
-        for i in ids:
-            if i not in result:
-                result.add(i)
-                result |= nx.descendants(self.nx, i)
-        return result
+        """The given nodes and every node that depends on them."""
+        return self._closure(ids, lambda n: self.nx.succ[n])
 
     def consumers(self, node_id: int) -> list[int]:
         return sorted(set(self.nx.successors(node_id)))
@@ -266,6 +289,7 @@ class Graph:
     # -- mutation (passes) -------------------------------------------------------
     def replace_inputs(self, node_id: int, inputs: tuple[int, ...], op: Op | None = None) -> Node:
         """Rewire one node (optionally with a new op of the same output type)."""
+        self._order = None
         old = self.nodes[node_id]
         new = dataclasses.replace(old, inputs=tuple(inputs), op=op or old.op)
         self.nx.remove_edges_from([(u, node_id, k) for u, _, k in self.nx.in_edges(node_id, keys=True)])
@@ -281,16 +305,23 @@ class Graph:
         for consumer in self.consumers(old):
             node = self.nodes[consumer]
             self.replace_inputs(consumer, tuple(new if i == old else i for i in node.inputs))
-        self.outputs = [new if o == old else o for o in self.outputs]
+        if old in self.outputs:
+            self.outputs = [new if o == old else o for o in self.outputs]
 
     def remove(self, ids: Iterable[int]) -> None:
-        for i in list(ids):
-            self.nodes.pop(i, None)
+        gone = set(ids)
+        if not gone:
+            return
+        self._order = None
+        feeds = False
+        for i in gone:
+            node = self.nodes.pop(i, None)
+            feeds = feeds or (node is not None and node.role in ("input", "param"))
             if self.nx.has_node(i):
                 self.nx.remove_node(i)
-            for name, nid in list(self.feed_names.items()):
-                if nid == i:
-                    del self.feed_names[name]
+        if feeds:
+            self.feed_names = {name: nid for name, nid in self.feed_names.items()
+                               if nid not in gone}
 
     def copy(self, name: str | None = None) -> "Graph":
         clone = Graph(name or self.name)

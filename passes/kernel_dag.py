@@ -8,7 +8,7 @@ as edges arrive (Pearce and Kelly, "A dynamic topological sort algorithm for dir
 acyclic graphs", 2006): a kernel can only reach kernels of higher rank, so a search from
 `a` for `b` stops at rank `rank[b]`, and an edge that already agrees with the numbering
 costs nothing. Each search and each renumbering touches only the kernels ranked between
-the two ends of the edge.
+the two ends of the edge, and a search that finds a target ends there.
 
 `topological_order()` is the smallest-index-first order of `networkx`'s
 `lexicographical_topological_sort`, so plans are the same as with that library.
@@ -56,7 +56,18 @@ class KernelDag:
         if not ahead:
             return False
         limit = max(self.rank[t] for t in ahead)
-        return any(m in targets for m in self._search(start, limit, True) if m != start)
+        seen, stack = {start}, [start]
+        while stack:
+            # the highest-ranked kernel first: the targets are the highest-ranked of all
+            for m in sorted(self.succ[stack.pop()], key=self.rank.__getitem__):
+                if m in targets:
+                    self.work.nodes_visited += len(seen)
+                    return True
+                if m not in seen and self.rank[m] <= limit:
+                    seen.add(m)
+                    stack.append(m)
+        self.work.nodes_visited += len(seen)
+        return False
 
     def add_edge(self, a: int, b: int) -> None:
         """Add a -> b, which must not close a cycle; renumber the kernels in between."""
