@@ -64,6 +64,7 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     budget = 20 * len(graph) + 1000
     while work:
         node_id = work.pop()
+        ctx.work.nodes_visited += 1
         if node_id not in graph:
             continue
         node = graph[node_id]
