@@ -24,6 +24,7 @@ own line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
 import math
@@ -178,18 +179,14 @@ class Graph:
     def __exit__(self, *exc: object) -> None:
         _CURRENT.remove(self)
 
+    @contextlib.contextmanager
     def building(self, role: str, origin: int | None = None, site: str | None = None):
         """Context in which new nodes get `role`, `origin` and `site` (autodiff uses it)."""
-        graph = self
-
-        class _Scope:
-            def __enter__(self_inner):
-                graph._context.append(_BuildContext(role, origin, site))
-
-            def __exit__(self_inner, *exc):
-                graph._context.pop()
-
-        return _Scope()
+        self._context.append(_BuildContext(role, origin, site))
+        try:
+            yield
+        finally:
+            self._context.pop()
 
     # -- building --------------------------------------------------------------
     def add(

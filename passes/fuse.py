@@ -173,6 +173,22 @@ def _cone_inputs(graph: Graph, node: Node) -> tuple[int, ...]:
     return node.inputs if cls == "inline" else ()
 
 
+def cone_buffers(graph: Graph, root: int, is_buffer) -> set[int]:
+    """The buffers `cone_of(root)` reads (its `reads`), found without carrying indices:
+    for a caller that needs which values a loop reads, not where."""
+    found, seen, stack = set(), {root}, list(_cone_inputs(graph, graph[root]))
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if is_buffer(n):
+            found.add(n)
+        else:
+            stack.extend(_cone_inputs(graph, graph[n]))
+    return found
+
+
 def materialise_shared(graph: Graph, materialised: set[int], order: list[int],
                        work: WorkCounter) -> None:
     """Add every shared elementwise value whose recompute cost exceeds RECOMPUTE_LIMIT.
