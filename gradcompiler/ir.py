@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import heapq
 import math
 import os
@@ -72,11 +73,12 @@ class TensorType:
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
+        """Elements (kept once computed: the passes ask for every node's size, often)."""
         return math.prod(self.shape)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
@@ -165,7 +167,7 @@ class Graph:
         self.name = name
         self.nodes: dict[int, Node] = {}
         self.nx = nx.MultiDiGraph()
-        self.outputs: list[int] = []
+        self.outputs = []
         self.feed_names: dict[str, int] = {}
         self._next_id = 0
         self._context: list[_BuildContext] = [_BuildContext("forward", None, None)]
@@ -225,6 +227,20 @@ class Graph:
         for slot, i in enumerate(node.inputs):
             self.nx.add_edge(i, node.id, key=slot)
 
+    @property
+    def outputs(self) -> list[int]:
+        """The graph's outputs, in order. Assign a new list to change them (not in place):
+        `is_output` answers from a set built on assignment."""
+        return self._outputs
+
+    @outputs.setter
+    def outputs(self, ids: Iterable[int]) -> None:
+        self._outputs = list(ids)
+        self._output_ids = frozenset(self._outputs)
+
+    def is_output(self, node_id: int) -> bool:
+        return node_id in self._output_ids
+
     # -- queries ---------------------------------------------------------------
     def __getitem__(self, node_id: int) -> Node:
         return self.nodes[node_id]
@@ -242,18 +258,23 @@ class Graph:
         if ids is None and self._order is not None:
             return self._order
         members = set(self.nodes) if ids is None else set(ids)
-        waiting = {n: sum(1 for i in self.nodes[n].inputs if i in members) for n in members}
+        waiting = dict.fromkeys(members, 0)
+        readers: dict[int, list[int]] = {n: [] for n in members}
+        for n in members:
+            for i in self.nodes[n].inputs:
+                if i in members:
+                    waiting[n] += 1
+                    readers[i].append(n)
         ready = [n for n, count in waiting.items() if count == 0]
         heapq.heapify(ready)
         order = []
         while ready:
             n = heapq.heappop(ready)
             order.append(n)
-            for s, edges in self.nx.succ[n].items():
-                if s in members:
-                    waiting[s] -= len(edges)
-                    if waiting[s] == 0:
-                        heapq.heappush(ready, s)
+            for s in readers[n]:
+                waiting[s] -= 1
+                if waiting[s] == 0:
+                    heapq.heappush(ready, s)
         if len(order) < len(members):  # a pass rewired a node into its own ancestors
             cycle = [u for u, *_ in nx.find_cycle(self.nx.subgraph(members))]
             raise GraphError(f"graph '{self.name}' has a cycle through nodes {cycle}")
@@ -302,7 +323,7 @@ class Graph:
         for consumer in self.consumers(old):
             node = self.nodes[consumer]
             self.replace_inputs(consumer, tuple(new if i == old else i for i in node.inputs))
-        if old in self.outputs:
+        if self.is_output(old):
             self.outputs = [new if o == old else o for o in self.outputs]
 
     def remove(self, ids: Iterable[int]) -> None:

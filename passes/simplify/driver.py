@@ -48,7 +48,7 @@ def drop_dead(graph: Graph, node_id: int, work: _Worklist) -> None:
     stack = [node_id]
     while stack:
         n = stack.pop()
-        if n not in graph or graph.consumers(n) or n in graph.outputs:
+        if n not in graph or graph.consumers(n) or graph.is_output(n):
             continue
         inputs = graph[n].inputs
         graph.remove([n])
