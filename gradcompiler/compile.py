@@ -35,6 +35,7 @@ from .dot import to_dot
 from .errors import DTypeError, FeedError, GraphError, NonFiniteError
 from .feeds import validate_feeds
 from .frontend.tensor import Tensor
+from .heap import collector_paused
 from .ir import Graph, Node, call_site
 from .kernel import KernelStep, LibraryStep, Program
 from .ops.linalg import BatchedMatrixMul, MatrixMul
@@ -268,6 +269,12 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     values), True (every LLVM fast-math flag but nnan/ninf), or a set of
     LLVM flag names.
     """
+    with collector_paused():  # why: gradcompiler/heap.py
+        return _compile(outputs, target, passes, extra_passes, debug, fastmath)
+
+
+def _compile(outputs, target: str, passes, extra_passes, debug: bool,
+             fastmath: bool | Sequence[str]) -> Executable:
     require_target(target)
     debug = debug or debug_from_env()
     single = isinstance(outputs, Tensor)
