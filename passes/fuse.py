@@ -40,6 +40,15 @@ place runs right after the library call, as its epilogue (`FusedLibrary`).
 Every node belongs to exactly one group, as the memory pass requires: a
 value recomputed by several loops is listed in the first of them, and each
 loop's `computes` lists everything it evaluates.
+
+Planning time is linear in the graph (deep graphs are the point: a 2,500-layer
+network is 100,000 nodes). One topological order serves every step. The shared
+values are chosen in one reverse sweep (`materialise_shared` says why that makes
+the same choices as re-deriving every cone after each one). Each root's cone is
+walked once; the loops it may join are looked up by the buffers it reads (a loop
+sharing no read is never a candidate), and the cycle test runs on `KernelDag`,
+which keeps a topological ranking so that a search stays between the two kernels
+it relates. `ctx.work` counts the cone walks and visits, for the tests.
 """
 
 from __future__ import annotations
