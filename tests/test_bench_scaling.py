@@ -34,6 +34,7 @@ def test_the_quick_run_measures_depths_two_and_four(scaling_run):
         assert set(stages) == {"build", "grad", "passes", "lowering", "codegen", "numba"}
         assert {"prune", "simplify", "cse", "fuse", "memory"} <= set(stages["passes"])
         assert p["compile_s"] >= sum(stages["passes"].values()) + stages["lowering"]
+        assert p["warm_compile_s"] == pytest.approx(p["compile_s"] - stages["numba"])
         assert p["work"]["cone_evaluations"] > 0
 
 
@@ -41,9 +42,12 @@ def test_the_exponent_is_the_slope_of_the_points(scaling_run):
     _, result, _ = scaling_run
     family = result["families"]["residual_mlp"]
     (a, b) = family["points"]
-    slope = math.log(b["compile_s"] / a["compile_s"]) / math.log(b["nodes"] / a["nodes"])
+    slope = (math.log(b["warm_compile_s"] / a["warm_compile_s"])
+             / math.log(b["nodes"] / a["nodes"]))
     assert family["fit"]["exponent"] == pytest.approx(slope)
     assert family["fit"]["nodes"] == [a["nodes"], b["nodes"]]  # too few above the minimum
+    cpu = math.log(b["compile_cpu_s"] / a["compile_cpu_s"]) / math.log(b["nodes"] / a["nodes"])
+    assert family["fit_cpu"]["exponent"] == pytest.approx(cpu)
 
 
 def test_the_chart_is_a_png(scaling_run):
@@ -52,7 +56,8 @@ def test_the_chart_is_a_png(scaling_run):
 
 
 def test_the_fit_uses_only_large_graphs_when_there_are_two():
-    points = [{"nodes": n, "compile_s": s} for n, s in ((100, 5.0), (1000, 1.0), (4000, 2.0))]
+    points = [{"nodes": n, "warm_compile_s": s}
+              for n, s in ((100, 5.0), (1000, 1.0), (4000, 2.0))]
     fit = fitted_exponent(points, min_nodes=1000)
     assert fit["nodes"] == [1000, 4000]
     assert fit["exponent"] == pytest.approx(0.5)
