@@ -35,7 +35,6 @@ views no stride can express (PixelShuffle): their reader remaps indices.
 from __future__ import annotations
 
 import bisect
-
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 

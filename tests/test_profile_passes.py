@@ -22,9 +22,9 @@ def _compile(monkeypatch, flag: str | None, threshold: float):
 def test_a_slow_compile_names_its_slowest_pass(monkeypatch, capsys):
     step = _compile(monkeypatch, "1", 0.0)
     line = capsys.readouterr().err.strip()
-    found = re.fullmatch(r"gradcompiler: compile took [\d.]+ s; slowest pass: (\w+) \(([\d.]+) s, "
-                         r"work (\d+)\); passes [\d.]+ s, lowering [\d.]+ s, codegen\+numba [\d.]+ s",
-                         line)
+    found = re.fullmatch(r"gradcompiler: compile took [\d.]+ s; slowest pass: (\w+) "
+                         r"\(([\d.]+) s, work (\d+)\); "
+                         r"passes [\d.]+ s, lowering [\d.]+ s, codegen\+numba [\d.]+ s", line)
     assert found, line
     seconds = {}
     for s in step.context.stats:

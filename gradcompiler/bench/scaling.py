@@ -11,10 +11,11 @@ Two families of graphs, each built at doubling sizes:
   MLP, each behind a layer norm and a residual), 2 → 48 blocks.
 
 Every size is compiled for the CPU in this process after untimed compiles of the two
-smallest sizes (the first layer and the inner ones), so the kernel cache is warm: kernels are keyed by structure, and a deeper
-graph of the same layers adds no new kernel. Each point records the node count after
-autodiff and the seconds of each stage: build, grad, every pass (summed by name), lowering,
-code generation and Numba (the kernels' load-or-compile time). The fitted exponent is the
+smallest sizes (the first layer and the inner ones), so the kernel cache is warm: kernels
+are keyed by structure, and a deeper graph of the same layers adds no new kernel. Each
+point records the node count after autodiff and the seconds of each stage: build, grad,
+every pass (summed by name), lowering, code generation and Numba (the kernels'
+load-or-compile time). The fitted exponent is the
 least-squares slope of log(warm compile seconds: the compile less the Numba time of kernels
 it met for the first time, a cost per distinct kernel, not per node) against log(nodes)
 over the points of at least
@@ -28,8 +29,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gradcompiler as gc
 
@@ -205,8 +207,9 @@ def report_lines(result: dict[str, Any]) -> list[str]:
     per node; the exponents."""
     lines = []
     for family, data in result["families"].items():
-        lines += [f"{family}", f"{data['unit']:>8} {'nodes':>8} {'grad s':>8} {'compile s':>10}"
-                  f" {'cpu s':>8} {'µs/node':>8}"]
+        header = (f"{data['unit']:>8} {'nodes':>8} {'grad s':>8} {'compile s':>10}"
+                  f" {'cpu s':>8} {'µs/node':>8}")
+        lines += [family, header]
         for p in data["points"]:
             lines.append(f"{p['size']:>8} {p['nodes']:>8} {p['seconds']['grad']:>8.2f} "
                          f"{p['warm_compile_s']:>10.2f} {p['compile_cpu_s']:>8.2f} "

@@ -309,7 +309,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of the workloads: compile time against graph size "
                              "(residual MLP and GPT-like stack at doubling sizes; --json, --plot)")
     parser.add_argument("--max-depth", type=int, default=2560, metavar="N",
-                        help="--scaling: the deepest residual MLP (default 2560; with --quick: 2 and 4)")
+                        help="--scaling: the deepest residual MLP "
+                             "(default 2560; with --quick: depths 2 and 4)")
     parser.add_argument("--max-blocks", type=int, default=48, metavar="N",
                         help="--scaling: the most GPT-like blocks (default 48; 2 with --quick)")
 

@@ -20,8 +20,8 @@ def test_a_driver_in_parts_computes_the_step(monkeypatch, part_steps):
     source = step._build.runner.source
     steps = len(step.program.steps)
     parts = -(-steps // part_steps)
-    assert len(re.findall(r"^def make_p\d+\(", source, re.M)) == parts
-    assert re.findall(r"^        (p\d+)\(", source, re.M) == [f"p{c}" for c in range(parts)]
+    assert len(re.findall(r"^def make_p\d+\(", source, re.MULTILINE)) == parts
+    assert re.findall(r"^        (p\d+)\(", source, re.MULTILINE) == [f"p{c}" for c in range(parts)]
     feeds = workloads.feeds_for(w)
     expected = run_graph(w.graph, [t.id for t in w.outputs], feeds)
     for _ in range(2):  # the second call reuses the arrays the first handed out
