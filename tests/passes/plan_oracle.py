@@ -1,7 +1,8 @@
 """The fusion plans the rewrite for linear compile time must leave unchanged.
 
-`current_plans()` plans every benchmark workload (both sizes) and the residual MLP at a
-few depths, and describes each plan by its kernels: name, kind and fused op labels.
+`current_plans()` plans every benchmark workload (both sizes), the residual MLP at a few
+depths and the GPT-like stack at a few blocks, and describes each plan by its kernels:
+name, kind and fused op labels.
 Run as a script, it writes them to `plans_fixture.json`; the fixture was captured from
 the planner before the fuse pass was made incremental, so it is the old code's answer.
 """
@@ -14,11 +15,12 @@ from pathlib import Path
 
 import gradcompiler as gc
 from gradcompiler.bench import workloads
-from gradcompiler.bench.scaling import build_residual_mlp
+from gradcompiler.bench.scaling import build_gpt_stack, build_residual_mlp
 from passes.pipeline import optimize
 
 FIXTURE = Path(__file__).with_name("plans_fixture.json")
 RESIDUAL_DEPTHS = (1, 3, 8)
+GPT_BLOCKS = (1, 3)
 
 
 def plan_of(graph: gc.Graph, outputs: list[int]) -> list[list]:
@@ -34,10 +36,12 @@ def current_plans() -> dict[str, list[list]]:
         for size in workloads.SIZES:
             w = workloads.build(name, size)
             plans[f"{name}/{size}"] = plan_of(w.graph, [t.id for t in w.outputs])
-    for depth in RESIDUAL_DEPTHS:
-        loss, wrt = build_residual_mlp(depth)
-        grads = gc.grad(loss, wrt)
-        plans[f"residual_mlp/{depth}"] = plan_of(loss.graph, [loss.id] + [g.id for g in grads])
+    for family, builder, sizes in (("residual_mlp", build_residual_mlp, RESIDUAL_DEPTHS),
+                                   ("gpt_stack", build_gpt_stack, GPT_BLOCKS)):
+        for size in sizes:
+            loss, wrt = builder(size)
+            grads = gc.grad(loss, wrt)
+            plans[f"{family}/{size}"] = plan_of(loss.graph, [loss.id] + [g.id for g in grads])
     return plans
 
 

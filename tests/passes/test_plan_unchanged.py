@@ -1,5 +1,6 @@
-"""Every benchmark workload, and the residual MLP at a few depths, keeps the fusion plan it
-had before fuse was made incremental: the same kernels, in the same order, fusing the same ops.
+"""Every benchmark workload, the residual MLP and the GPT-like stack at a few sizes keep the
+fusion plan they had before fuse was made incremental: the same kernels, in the same order,
+fusing the same ops.
 """
 
 import json
