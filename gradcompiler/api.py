@@ -16,6 +16,7 @@ from .errors import GraphError, NotDifferentiableError
 from .frontend.shapes import concat
 from .frontend.sources import zeros
 from .frontend.tensor import Tensor, constant
+from .heap import collector_paused
 from .ir import call_site
 
 
@@ -62,8 +63,9 @@ def vjp(outputs, wrt, cotangents, disconnected: str = "error"):
     cots = [cotangents] if isinstance(cotangents, Tensor) or cotangents is None else list(cotangents)
     _check_matching(outs, cots, "output", "cotangent")
     graph = _same_graph(outs + wrts + [c for c in cots if c is not None])
-    ids = differentiate(graph, [o.id for o in outs], [w.id for w in wrts],
-                        [c.id if c is not None else None for c in cots], disconnected)
+    with collector_paused():  # why: gradcompiler/heap.py
+        ids = differentiate(graph, [o.id for o in outs], [w.id for w in wrts],
+                            [c.id if c is not None else None for c in cots], disconnected)
     grads = [Tensor(graph, i) for i in ids]
     return grads[0] if single else grads
 

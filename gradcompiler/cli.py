@@ -3,6 +3,7 @@
     gradcompiler dot FILE.py [--function build] [--stage forward|backward|optimised] [-o out.svg]
     gradcompiler bench [--target cpu|cuda] [--workload NAME ...] [--json F] [--markdown F]
                        [--plot F] [--quick]
+    gradcompiler bench --scaling [--max-depth N] [--max-blocks N] [--json F] [--plot F] [--quick]
     gradcompiler cache info|clear
 
 Each subcommand is a thin shell over a library function (`to_dot`, the

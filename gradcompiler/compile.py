@@ -31,6 +31,7 @@ device array), since it is written.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from .dot import to_dot
 from .errors import DTypeError, FeedError, GraphError, MemoryPlanError, NonFiniteError
 from .feeds import validate_feeds
 from .frontend.tensor import Tensor
+from .heap import collector_paused
 from .ir import Graph, Node, call_site
 from .kernel import KernelStep, LibraryStep, Program
 from .ops.linalg import BatchedMatrixMul, MatrixMul
@@ -170,6 +172,31 @@ def _kernel_infos(graph: Graph, program: Program, compiled) -> list[KernelInfo]:
             infos.append(KernelInfo(step.name, "library", graph[step.node].type.shape, [step.op.label],
                                     sum(b.nbytes for b in buffers), _library_flops(graph, step)))
     return infos
+
+
+PROFILE_THRESHOLD_S = 3.0
+"""With GRADCOMPILER_PROFILE_PASSES=1, a compile slower than this names its slowest pass."""
+
+
+def profile_note(ctx, timings: dict[str, float]) -> str:
+    """One line saying where a compile's time went: the total, the slowest pass, the stages."""
+    total = sum(timings.values())
+    seconds: dict[str, float] = {}
+    for s in ctx.stats:
+        seconds[s.name] = seconds.get(s.name, 0.0) + s.seconds
+    slowest = max(seconds, key=seconds.__getitem__)
+    stages = ", ".join(f"{name} {t:.2f} s" for name, t in timings.items())
+    return (f"gradcompiler: compile took {total:.2f} s; slowest pass: {slowest} "
+            f"({seconds[slowest]:.2f} s, work {ctx.work.total()}); {stages}")
+
+
+def _maybe_profile(ctx, timings: dict[str, float]) -> None:
+    """Print `profile_note` to stderr when GRADCOMPILER_PROFILE_PASSES is set and the compile
+    took over PROFILE_THRESHOLD_S, so that a user can see where a slow compile spends it."""
+    if os.environ.get("GRADCOMPILER_PROFILE_PASSES", "") in ("", "0"):
+        return
+    if sum(timings.values()) > PROFILE_THRESHOLD_S:
+        print(profile_note(ctx, timings), file=sys.stderr)
 
 
 def _ensure_planned(graph: Graph, ctx) -> None:
@@ -395,6 +422,14 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     makes the `remat` pass recompute forward values in the backward until the planned
     peak fits (`gradcompiler.passes.remat`); `MemoryBudgetError` if no plan does.
     """
+    with collector_paused():  # why: gradcompiler/heap.py
+        return _compile(outputs, target, passes, extra_passes, debug, fastmath, donate,
+                        memory_budget)
+
+
+def _compile(outputs, target: str, passes, extra_passes, debug: bool,
+             fastmath: bool | Sequence[str], donate: Mapping[int, str] | None,
+             memory_budget: float | int | None) -> Executable:
     require_target(target)
     debug = debug or debug_from_env()
     single = isinstance(outputs, Tensor)
@@ -431,6 +466,7 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
         result = _allocating(graph, program, lambda: build_cuda(
             program, CudaBuildOptions(debug=debug, step_labels=labels, arena_sizes=arena_sizes)))
         timings["codegen+numba"] = time.perf_counter() - start
+        _maybe_profile(ctx, timings)
         return DeviceExecutable(graph, source_graph, ctx, program, result, single, timings)
     from .backends import numba_cpu  # imports Numba: only when compiling
 
@@ -439,4 +475,5 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
                                      arena_sizes=arena_sizes, step_labels=labels)
     result = _allocating(graph, program, lambda: numba_cpu.build(program, options))
     timings["codegen+numba"] = time.perf_counter() - start
+    _maybe_profile(ctx, timings)
     return Executable(graph, source_graph, ctx, program, result, single, timings)

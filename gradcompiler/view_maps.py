@@ -24,10 +24,18 @@ from .ops.shape import AddAxis, Broadcast, PixelShuffle, PixelShuffleBackward, R
 MultiIndex = tuple[Index, ...]
 
 
+_ZERO = Index.lit(0)
+
+
 def broadcast_index(index: MultiIndex, in_shape: Sequence[int]) -> MultiIndex:
-    """Numpy broadcasting read: right-align, and size-1 dims read element 0."""
+    """Numpy broadcasting read: right-align, and size-1 dims read element 0.
+
+    An operand of the output's own rank with no size-1 dim reads at `index` itself, the
+    common case, returned without building a new index (every fused loop walks it)."""
     offset = len(index) - len(in_shape)
-    return tuple(Index.lit(0) if d == 1 else index[k + offset] for k, d in enumerate(in_shape))
+    if offset == 0 and 1 not in in_shape:
+        return index
+    return tuple(_ZERO if d == 1 else index[k + offset] for k, d in enumerate(in_shape))
 
 
 @singledispatch

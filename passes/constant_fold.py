@@ -96,6 +96,7 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
             new = graph.add(op, name=node.name).id
         graph.replace_uses(node_id, new)
         graph.remove([node_id])
-        graph.remove([i for i in set(node.inputs) if not graph.consumers(i) and i not in graph.outputs])
+        graph.remove([i for i in set(node.inputs)
+                      if not graph.consumers(i) and not graph.is_output(i)])
         counts[kind] += 1
     return counts

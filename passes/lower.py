@@ -51,7 +51,7 @@ from gradcompiler.ops.reduce import Reduce
 from gradcompiler.ops.shape import FastpathCopy
 from gradcompiler.ops.source import Constant, Fill, Placeholder
 
-from .fuse import FusedLibrary, FusedLoop, cone_of
+from .fuse import FusedLibrary, FusedLoop, cone_buffers
 from .groups import FusionPlan
 from .memory import MemoryPlan
 
@@ -93,7 +93,7 @@ class _LoopEmitter(ConeWalker[int]):
         materialised = set(self.loop.roots) | external
         later = set()
         for root in self.loop.roots:
-            for d in cone_of(self.graph, root, materialised - {root}).reads:
+            for d in cone_buffers(self.graph, root, materialised.__contains__):
                 if d in self.phase_of and self.phase_of[d] < self.phase_of[root]:
                     later.add(d)
         return later

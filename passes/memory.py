@@ -40,6 +40,7 @@ views no stride can express (PixelShuffle): their reader remaps indices.
 from __future__ import annotations
 
 import itertools
+import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
@@ -209,21 +210,23 @@ class _Allocator:
 
     A free buffer is reused for a value of at least half its size, so a
     small value never pins a big buffer; otherwise, or when asked for a
-    `fresh` one, a new buffer is made.
+    `fresh` one, a new buffer is made. The free buffers are kept sorted by
+    (size, index), so the best fit is found by bisection, not by a scan.
     """
 
     def __init__(self) -> None:
         self.sizes: list[int] = []
-        self.free: list[int] = []
+        self.free: list[tuple[int, int]] = []  # (size, buffer), sorted
 
     def take(self, nbytes: int, fresh: bool = False) -> int:
-        fitting = [] if fresh else [b for b in self.free if nbytes <= self.sizes[b] <= 2 * nbytes]
-        if fitting:
-            buf = min(fitting, key=lambda b: (self.sizes[b], b))
-            self.free.remove(buf)
-            return buf
+        at = bisect.bisect_left(self.free, (nbytes, -1))
+        if not fresh and at < len(self.free) and self.free[at][0] <= 2 * nbytes:
+            return self.free.pop(at)[1]
         self.sizes.append(nbytes)
         return len(self.sizes) - 1
+
+    def release(self, buf: int) -> None:
+        bisect.insort(self.free, (self.sizes[buf], buf))
 
 
 def _captures(graph: Graph, plan: FusionPlan, root: dict[int, int], materialised: set[int]) -> list[Capture]:
@@ -243,15 +246,37 @@ def _captures(graph: Graph, plan: FusionPlan, root: dict[int, int], materialised
 
 def _peak_occupied_bytes(sizes: list[int], buffer_of: dict[int, int],
                          lifetimes: dict[int, tuple[int, int]]) -> int:
-    """Largest sum of sizes of the buffers that hold a live value at one step."""
+    """Largest sum of sizes of the buffers that hold a live value at one step.
+
+    Each buffer's occupied steps are the union of its values' lifetimes: merged per buffer,
+    then swept as +size / -size events, so the cost is the number of values, not buffers
+    times steps."""
     if not lifetimes:
         return 0
-    steps = max(last for _, last in lifetimes.values()) + 1
-    occupied = np.zeros((len(sizes), steps), dtype=bool)
-    for n, (first, last) in lifetimes.items():
-        occupied[buffer_of[n], first:last + 1] = True
-    # Python ints, as in _peak_live_bytes
-    return max(sum(size for size, live in zip(sizes, column) if live) for column in occupied.T)
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for n, span in lifetimes.items():
+        spans.setdefault(buffer_of[n], []).append(span)
+    events: dict[int, int] = {}
+
+    def occupy(buf: int, first: int, last: int) -> None:
+        events[first] = events.get(first, 0) + sizes[buf]
+        events[last + 1] = events.get(last + 1, 0) - sizes[buf]
+
+    for buf, intervals in spans.items():
+        intervals.sort()
+        start, end = intervals[0]
+        for first, last in intervals[1:]:
+            if first <= end + 1:
+                end = max(end, last)
+            else:
+                occupy(buf, start, end)
+                start, end = first, last
+        occupy(buf, start, end)
+    peak = live = 0
+    for step in sorted(events):
+        live += events[step]
+        peak = max(peak, live)
+    return peak
 
 
 def plan_memory(graph: Graph, plan: FusionPlan | None = None,
@@ -288,7 +313,7 @@ def plan_memory(graph: Graph, plan: FusionPlan | None = None,
                 buffer_of[out] = alloc.take(nbytes, fresh=lifetimes[out][1] == len(plan.groups))
         for n in dying.get(step, ()):
             if buffer_of[n] not in inherited:
-                alloc.free.append(buffer_of[n])
+                alloc.release(buffer_of[n])
     buffers = {n: buffer_of[r] for n, r in root.items() if r in buffer_of}
     return MemoryPlan(
         order=list(plan.groups), buffers=buffers, buffer_sizes=alloc.sizes, lifetimes=lifetimes,

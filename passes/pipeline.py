@@ -34,6 +34,7 @@ from . import constant_fold, cse, fuse, memory, prune, remat, simplify
 from .groups import FusionPlan
 from .memory import MemoryPlan
 from .remat import RematPlan
+from .work import WorkCounter
 
 BYTES_SAVED = "bytes_saved"
 """Reserved key of a pass's result: its own bytes-saved figure, not a rewrite count."""
@@ -77,6 +78,7 @@ class PassContext:
     def donated_outputs(self, graph: Graph) -> set[int]:
         """The output nodes asked to live in a feed's buffer."""
         return {graph.outputs[k] for k in self.donations}
+    work: WorkCounter = field(default_factory=WorkCounter)
 
 
 PassFunction = Callable[[Graph, PassContext], dict[str, int]]

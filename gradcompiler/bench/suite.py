@@ -53,7 +53,7 @@ import numpy as np
 import gradcompiler as gc
 
 from ..backends import require_target
-from . import machine, report
+from . import machine, report, scaling
 from . import peers as peer_registry
 from . import workloads as workload_registry
 from .first_call import materialise
@@ -307,10 +307,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tiny sizes and few steps: a smoke run, not a measurement")
     parser.add_argument("--no-first-call", dest="first_call", action="store_false",
                         help="skip the cold/warm first-call subprocesses")
+    parser.add_argument("--scaling", action="store_true",
+                        help="instead of the workloads: compile time against graph size "
+                             "(residual MLP and GPT-like stack at doubling sizes; --json, --plot)")
+    parser.add_argument("--max-depth", type=int, default=2560, metavar="N",
+                        help="--scaling: the deepest residual MLP "
+                             "(default 2560; with --quick: depths 2 and 4)")
+    parser.add_argument("--max-blocks", type=int, default=48, metavar="N",
+                        help="--scaling: the most GPT-like blocks (default 48; 2 with --quick)")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the suite as the options say, print the table, write the files; the exit status."""
+    if args.scaling:
+        return _run_scaling(args)
     result = run_suite(args.workload, target=args.target, quick=args.quick, peers=args.peer,
                        first_call=args.first_call)
     print(report.markdown_table(result))
@@ -324,3 +334,18 @@ def run_from_args(args: argparse.Namespace) -> int:
     if failed:
         print(f"failed or wrong: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _run_scaling(args: argparse.Namespace) -> int:
+    """`--scaling`: measure, print the tables, write the JSON and the chart asked for."""
+    if args.quick:  # residual MLPs of depth 2 and 4, one GPT-like block pair at most
+        result = scaling.run_scaling(min(args.max_depth, 4), min(args.max_blocks, 2), min_depth=2)
+    else:
+        result = scaling.run_scaling(args.max_depth, args.max_blocks)
+    print("\n".join(scaling.report_lines(result)))
+    for path, write in ((args.json, scaling.write_json), (args.plot, scaling.write_plot)):
+        if path:
+            write(result, path)
+            print(f"wrote {path}")
+    return 0
+

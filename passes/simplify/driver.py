@@ -48,7 +48,7 @@ def drop_dead(graph: Graph, node_id: int, work: _Worklist) -> None:
     stack = [node_id]
     while stack:
         n = stack.pop()
-        if n not in graph or graph.consumers(n) or n in graph.outputs:
+        if n not in graph or graph.consumers(n) or graph.is_output(n):
             continue
         inputs = graph[n].inputs
         graph.remove([n])
@@ -64,6 +64,7 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     budget = 20 * len(graph) + 1000
     while work:
         node_id = work.pop()
+        ctx.work.nodes_visited += 1
         if node_id not in graph:
             continue
         node = graph[node_id]

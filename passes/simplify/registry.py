@@ -64,7 +64,7 @@ def is_uniform(graph: Graph, node_id: int, value: float) -> bool:
 
 def single_use(graph: Graph, node_id: int) -> bool:
     """Read by exactly one node (once) and not a graph output."""
-    if node_id in graph.outputs:
+    if graph.is_output(node_id):
         return False
     consumers = graph.consumers(node_id)
     return len(consumers) == 1 and graph[consumers[0]].inputs.count(node_id) == 1

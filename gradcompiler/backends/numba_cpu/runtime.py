@@ -97,73 +97,97 @@ def output_roots(program: Program) -> list[int]:
     return [r for r in roots if program.buffers[r].role == "temp"]
 
 
+DRIVER_PART_STEPS = 256
+"""Steps per part of the driver (`driver_source`)."""
+
+
 def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool) -> str:
-    """The driver module: `make(K, L, B, V, S, check)` returns `step(*feeds, *outputs)`."""
+    """The driver module: `make(K, L, B, V, S, check)` returns `step(*feeds, *outputs)`.
+
+    The steps are split into parts of DRIVER_PART_STEPS, each a function made by its own
+    `make_p<c>` that binds the kernels and buffers it uses as closure variables; `step`
+    reshapes the feeds and calls the parts in order, passing each the feed and output
+    arrays it names. One function closing over every kernel of a 10,000-step program
+    would be correct too, but CPython compiles a closure over n variables in time
+    quadratic in n: the parts keep both the compile and the call linear in the steps.
+    """
     feeds = feed_buffers(program)
+    feed_index = {b: k for k, b in enumerate(feeds)}
     feed_arg = {b: f"f{k}" for k, b in enumerate(feeds)}
     out_arg = {b: f"o{k}" for k, b in enumerate(output_roots(program))}
-    lines = ["def make(K, L, B, V, S, check):"]
+    top = ["def make(K, L, B, V, S, check):"]
     body = ["    def step(" + ", ".join([feed_arg[b] for b in feeds] + list(out_arg.values())) + "):"]
+    body += [f"        g{k} = f{k}.reshape(-1)" for k in range(len(feeds))]
+    parts: list[str] = []
+    passed: dict[str, None] = {}  # the step's arrays the current part names, in order
 
     def flat(b: int) -> str:
         root = _root(program, b)
-        if root in out_arg:
-            return out_arg[root]
-        return f"g{feeds.index(root)}" if root in feed_arg else f"b{root}"
+        name = out_arg.get(root) or (f"g{feed_index[root]}" if root in feed_arg else None)
+        if name is None:
+            return f"b{root}"
+        passed[name] = None
+        return name
 
     def shaped(b: int) -> str:
         root = _root(program, b)
         spec = program.buffers[b]
-        if root in feed_arg and b == root:
-            return feed_arg[root]
-        if root in feed_arg or root in out_arg:
-            return f"{flat(b) if root in out_arg else feed_arg[root]}.reshape({tuple(spec.shape)!r})"
-        return f"x{b}"
+        if root not in feed_arg and root not in out_arg:
+            return f"x{b}"
+        base = flat(b) if root in out_arg else feed_arg[root]
+        passed[base] = None
+        return base if root in feed_arg and b == root else f"{base}.reshape({tuple(spec.shape)!r})"
 
-    used_flat, used_shaped = set(), set()
-    for k, b in enumerate(feeds):
-        body.append(f"        g{k} = f{k}.reshape(-1)")
     kernel_at = iter(range(len(kernels)))
     scratch_at = 0
-    for s, step in enumerate(program.steps):
-        if isinstance(step, KernelStep):
-            k = next(kernel_at)
-            bound = kernels[k]
-            args = []
-            for b in step.args:
-                if b is None:
+    steps = list(enumerate(program.steps))
+    for c in range(0, len(steps), DRIVER_PART_STEPS):
+        passed.clear()
+        binds, calls, used_flat, used_shaped = [], [], set(), set()
+        for s, step in steps[c:c + DRIVER_PART_STEPS]:
+            if isinstance(step, KernelStep):
+                k = next(kernel_at)
+                bound = kernels[k]
+                args = []
+                for b in step.args:
+                    if b is None:
+                        args.append(f"s{scratch_at}")
+                        binds.append(f"    s{scratch_at} = S[{scratch_at}]")
+                        scratch_at += 1
+                    else:
+                        args.append(flat(b))
+                        used_flat.add(_root(program, b))
+                for _ in bound.scratch:
                     args.append(f"s{scratch_at}")
+                    binds.append(f"    s{scratch_at} = S[{scratch_at}]")
                     scratch_at += 1
-                else:
-                    args.append(flat(b))
+                binds.append(f"    k{k} = K[{k}]")
+                calls.append(f"        k{k}({', '.join(args + [str(bound.nchunks)])})")
+                outputs = step.outputs
+            else:
+                assert isinstance(step, LibraryStep)
+                names = [shaped(b) for b in step.inputs] + [f"out={shaped(step.output)}"]
+                used_shaped.update(b for b in (*step.inputs, step.output)
+                                   if _root(program, b) not in feed_arg
+                                   and _root(program, b) not in out_arg)
+                binds.append(f"    l{s} = L[{s}]")
+                calls.append(f"        l{s}({', '.join(names)})")
+                outputs = (step.output,)
+            if debug:
+                for b in outputs:
+                    calls.append(f"        check({flat(b)}, {s})")
                     used_flat.add(_root(program, b))
-            for _ in bound.scratch:
-                args.append(f"s{scratch_at}")
-                scratch_at += 1
-            lines.append(f"    k{k} = K[{k}]")
-            body.append(f"        k{k}({', '.join(args + [str(bound.nchunks)])})")
-            outputs = step.outputs
-        else:
-            assert isinstance(step, LibraryStep)
-            names = [shaped(b) for b in step.inputs] + [f"out={shaped(step.output)}"]
-            used_shaped.update(b for b in (*step.inputs, step.output)
-                               if _root(program, b) not in feed_arg and _root(program, b) not in out_arg)
-            lines.append(f"    l{s} = L[{s}]")
-            body.append(f"        l{s}({', '.join(names)})")
-            outputs = (step.output,)
-        if debug:
-            for b in outputs:
-                body.append(f"        check({flat(b)}, {s})")
-                used_flat.add(_root(program, b))
-    for b in sorted(used_flat):
-        if b not in feed_arg and b not in out_arg:
-            lines.append(f"    b{b} = B[{b}]")
-    for b in sorted(used_shaped):
-        lines.append(f"    x{b} = V[{b}]")
-    for k in range(scratch_at):
-        lines.append(f"    s{k} = S[{k}]")
+        binds += [f"    b{b} = B[{b}]" for b in sorted(used_flat)
+                  if b not in feed_arg and b not in out_arg]
+        binds += [f"    x{b} = V[{b}]" for b in sorted(used_shaped)]
+        part = c // DRIVER_PART_STEPS
+        args = ", ".join(passed)
+        parts += [f"def make_p{part}(K, L, B, V, S, check):", *binds, f"    def p({args}):",
+                  *calls, "        return None", "    return p", ""]
+        top.append(f"    p{part} = make_p{part}(K, L, B, V, S, check)")
+        body.append(f"        p{part}({args})")
     body.append("        return None")
-    return "\n".join(lines + body + ["    return step", ""])
+    return "\n".join(parts + top + body + ["    return step", ""])
 
 
 class Runner:
