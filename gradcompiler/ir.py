@@ -371,6 +371,13 @@ class Graph:
         clone._next_id = self._next_id
         return clone
 
+    def adopt(self, other: "Graph") -> None:
+        """Become `other` (a rewritten copy: a pass that plans on copies keeps the one it
+        chose), every cache included."""
+        self.nodes, self.nx, self.outputs = other.nodes, other.nx, other.outputs
+        self.feed_names, self.scopes, self._next_id = other.feed_names, other.scopes, other._next_id
+        self._order = None
+
     def feeds(self) -> list[Node]:
         """Input and param nodes, in id order."""
         return [n for n in self.nodes.values() if n.role in ("input", "param")]

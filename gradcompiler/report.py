@@ -107,7 +107,8 @@ def _remat(executable: Any) -> list[str]:
     lines = [(f"  budget {format_bytes(remat.budget_bytes)}: "
               f"planned peak {format_bytes(remat.peak)} "
               f"(default plan {format_bytes(remat.default_peak)}); {len(remat.recomputed)} values "
-              f"recomputed, {format_bytes(remat.bytes_saved)} no longer kept, "
+              f"recomputed in {remat.segments} segment(s), "
+              f"{format_bytes(remat.bytes_saved)} no longer kept, "
               f"{format_count(remat.extra_flops)} extra FLOPs")]
 
     def named(ids: list[int]) -> str:

@@ -465,15 +465,19 @@ def _needed(graph: Graph, outputs: list[int]) -> set[int]:
 
 
 def _visit_order(graph: Graph, recomputed: set[int]) -> list[int]:
-    """The topological order groups are made (and so run) in: the graph's, except that a
-    recomputed value comes just before its first reader, not as early as its inputs allow
-    (computed early, it would be kept as long as before)."""
+    """The topological order groups are made (and so run) in: by node id. With recomputed
+    values (remat's clones) a node comes as soon as the earliest node that needs it, and a
+    clone no sooner: just before its first reader (computed early, it would be kept as long
+    as before). Without that pull, a node made late (a scalar of the loss's gradient) that
+    an early backward node reads would hold the backward back behind every node of a lower
+    id, the clones of later backward segments included, which would then all be alive."""
     if not recomputed:
         return graph.topo_order()
-    rank: dict[int, float] = {n: float(n) for n in graph.nodes}  # by id: the order of building
-    for c in reversed(graph.topo_order(recomputed)):
-        rank[c] = min((rank[u] for u in graph.consumers(c)), default=rank[c]) - 1e-6
-    return list(nx.lexicographical_topological_sort(graph.nx, key=rank.__getitem__))
+    urgency: dict[int, float] = {}
+    for v in reversed(graph.topo_order()):
+        own = float("inf") if v in recomputed else float(v)
+        urgency[v] = min([own, *(urgency[u] for u in graph.nx.successors(v))])
+    return list(nx.lexicographical_topological_sort(graph.nx, key=lambda v: (urgency[v], v)))
 
 
 def plan_fusion(graph: Graph, work: WorkCounter | None = None, donated: set[int] = frozenset(),

@@ -8,28 +8,44 @@ alive from the forward to the backward, which is what makes a step's peak.
 Recomputing a value from other kept values in the backward frees its memory
 for that stretch, at the price of computing it twice. Which values to keep is
 the question PyTorch's min-cut partitioner answers
-(torch/_functorch/partitioners.py), and it is answered the same way here:
+(torch/_functorch/partitioners.py); the search here adds the segments of
+checkpointing (Chen et al. 2016, `jax.checkpoint` per block), without which a
+residual net gains nothing: its stream h makes every value recomputable from
+the input by a chain of adds, and that chain, recomputed once for the whole
+backward, is alive at its start. Each candidate below is rewritten on a copy
+and measured with the real fusion and memory plans, not an estimate.
 
-1. **Min-cut.** A flow network over the forward nodes: each node is split
+1. **Segments.** The forward's topological order is cut into S stretches of
+   about equal bytes, each cut placed, within its window, where the fewest
+   bytes cross it (the residual stream between two blocks); one pass over
+   the order. The *boundaries*, values a later stretch reads, are kept, so a
+   stretch is recomputed from its own inputs; the last stretch's values are
+   kept too (its backward starts as the forward ends). S runs over 1, 2, 3,
+   4, 6, 8, ... up to 2·√n, O(log n) counts.
+2. **Min-cut.** Per S, a flow network over the forward nodes: each node is split
    into an in- and an out-vertex joined by an edge whose capacity is the
    node's bytes; data edges have infinite capacity; the source feeds every
-   feed, constant and library call (a matmul is not recomputed at this
-   stage), and every forward value a backward node reads drains into the
+   feed, constant, boundary and library call (a matmul is not recomputed at
+   this stage), and every forward value a backward node reads drains into the
    sink. A minimum cut (networkx's max-flow) is then the set of values of
    least total bytes from which everything the backward reads can be
    recomputed: keep a matmul's output and recompute the cheap cos after it,
    instead of keeping both. Feeds and graph outputs cost nothing to keep
-   (the caller holds them, or the plan holds them to the end).
-2. **Knapsack over recompute cost.** If the plan still peaks above the
-   budget, kept values are given up greedily by recompute FLOPs per byte
-   freed, cheapest first, and library calls (matmuls) only when every
-   cheaper value is already recomputed; the batch doubles each round, so
-   the fusion and memory plans are made O(log n) times. Each round is
-   measured with the real fusion and memory plans, not an estimate.
-3. **Rewrite.** Each value given up is cloned (with its chain back to kept
-   values and feeds, each node once) as a backward node, and the backward
-   nodes that read it read the clone; the fuser then fuses the clones into
-   the backward kernels that use them.
+   (the caller holds them, or the plan holds them to the end). The first S
+   whose plan meets the budget is taken.
+3. **Knapsack over recompute cost.** Else, per S, the plan keeping only the
+   boundaries (every stretch recomputed whole) gives its lowest peak; the S
+   of the lowest is taken, and from its min-cut the kept values are given up
+   greedily by recompute FLOPs per byte freed, cheapest first, library calls
+   (matmuls) only when every cheaper value is already recomputed; the batch
+   doubles each round, so O(log n) more plans are made.
+4. **Rewrite.** Each value given up is cloned (with its chain back to kept
+   values and feeds) as backward nodes, once per backward segment that reads
+   it (a backward node's segment is that of the forward node whose rule made
+   it), and those readers read their segment's clone. The fuser runs each
+   clone just before its first reader and fuses it into the backward kernels
+   that use it, so a segment's recomputed values live only through that
+   segment's backward.
 
 A budget that even recomputing everything cannot meet is a
 `MemoryBudgetError` that names the smallest peak found. With no budget, or a
@@ -38,8 +54,11 @@ default plan already within it, the pass changes nothing.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 import networkx as nx
 
@@ -67,6 +86,7 @@ class RematPlan:
     kept: list[int] = field(default_factory=list)
     recomputed: list[int] = field(default_factory=list)
     clones: dict[int, int] = field(default_factory=dict)
+    segments: int = 1
     bytes_saved: int = 0
     extra_flops: int = 0
 
@@ -112,17 +132,29 @@ def read_by_backward(graph: Graph) -> set[int]:
             if _forward(graph[i])}
 
 
-def min_cut_kept(graph: Graph, needed: set[int]) -> set[int]:
+def _with_ancestors(graph: Graph, ids: Iterable[int]) -> set[int]:
+    """`ids` and every node they depend on: one walk, each node visited once."""
+    seen, stack = set(ids), list(ids)
+    while stack:
+        for i in graph[stack.pop()].inputs:
+            if i not in seen:
+                seen.add(i)
+                stack.append(i)
+    return seen
+
+
+def min_cut_kept(graph: Graph, needed: set[int], free: set[int] = frozenset()) -> set[int]:
     """The forward values of least bytes to keep so that all of `needed` can be recomputed
-    from them (module docstring, step 1)."""
-    region = graph.ancestors(needed) | needed
-    outputs = set(graph.outputs)
+    from them and from the `free` values (a segmentation's boundaries, kept anyway) (module
+    docstring, step 2)."""
+    region = _with_ancestors(graph, needed)
+    free = set(graph.outputs) | set(free)
     flow = nx.DiGraph()
     for v in region:
         node = graph[v]
-        free = _is_source(node) or v in outputs
-        flow.add_edge(("in", v), ("out", v), capacity=0 if free else node.type.nbytes)
-        if free or node.op.kind in ("library", "gather", "scatter"):
+        costless = _is_source(node) or v in free
+        flow.add_edge(("in", v), ("out", v), capacity=0 if costless else node.type.nbytes)
+        if costless or node.op.kind in ("library", "gather", "scatter"):
             flow.add_edge("source", ("in", v))  # computed in the forward, never recomputed
         for i in node.inputs:
             flow.add_edge(("out", i), ("in", v))  # no capacity: infinite
@@ -133,30 +165,82 @@ def min_cut_kept(graph: Graph, needed: set[int]) -> set[int]:
             and not _is_source(graph[v])}
 
 
-def recompute(graph: Graph, kept: set[int]) -> dict[int, int]:
+@dataclass
+class Segmentation:
+    """The forward cut into `count` stretches of its topological order: `segment_of` maps
+    every forward value to its stretch, `boundaries` are the values a later stretch reads
+    (kept, so that each stretch is recomputed from its own inputs only)."""
+
+    count: int
+    segment_of: dict[int, int]
+    boundaries: set[int]
+
+
+def segment(graph: Graph, order: list[int], count: int) -> Segmentation:
+    """Cut the forward values `order` (topological) into `count` stretches of about equal
+    bytes, each cut at the position in its window that the fewest bytes cross (module
+    docstring, step 1). Linear in the graph."""
+    position = {v: p for p, v in enumerate(order)}
+    outputs = set(graph.outputs)
+    crossing = [0] * (len(order) + 1)  # crossing[q]: bytes made before q and read at q or later
+    for p, v in enumerate(order):
+        last = max((position[u] for u in graph.nx.successors(v) if u in position), default=p)
+        if last > p and v not in outputs:
+            crossing[p + 1] += graph[v].type.nbytes
+            crossing[last + 1] -= graph[v].type.nbytes
+    crossing = list(itertools.accumulate(crossing))
+    before = [0, *itertools.accumulate(graph[v].type.nbytes for v in order)]
+    total = max(before[-1], 1)
+    best: dict[int, tuple[int, float, int]] = {}
+    for q in range(1, len(order)):
+        j = round(before[q] * count / total)
+        if 0 < j < count:
+            key = (crossing[q], abs(before[q] * count / total - j), q)
+            best[j] = min(best.get(j, key), key)
+    cuts = sorted({q for _, _, q in best.values()})
+    segment_of = {v: bisect.bisect_right(cuts, p) for p, v in enumerate(order)}
+    boundaries = {v for v in order if v not in outputs and any(
+        segment_of.get(u, -1) > segment_of[v] for u in graph.nx.successors(v))}
+    return Segmentation(len(cuts) + 1, segment_of, boundaries)
+
+
+def recompute(graph: Graph, kept: set[int], segment_of: Mapping[int, int] = {}) -> dict[int, int]:
     """Clone every forward value the backward reads and `kept` lacks (with its chain back to
-    kept values, feeds and graph outputs) as backward nodes; rewire the backward to the
-    clones. Returns clone id → original id."""
+    kept values, feeds and graph outputs) as backward nodes, once for each backward segment
+    that reads it (a backward node belongs to the segment of the forward node whose rule
+    built it); rewire the backward to the clones. Returns clone id → original id."""
     available = kept | set(graph.outputs)
-    wanted = {v for v in read_by_backward(graph) if v not in available}
-    closure, stack = set(), list(wanted)
-    while stack:
-        v = stack.pop()
-        if v in closure:
-            continue
-        closure.add(v)
-        stack.extend(i for i in graph[v].inputs if _forward(graph[i]) and i not in available)
-    clone_of: dict[int, int] = {}
-    for v in graph.topo_order(closure):
-        node = graph[v]
-        with graph.building("backward", origin=node.origin if node.origin is not None else v,
-                            site=node.site):
-            copy = graph.add(node.op, [clone_of.get(i, i) for i in node.inputs])
-        clone_of[v] = copy.id
-    for n in [n for n in graph.nodes.values() if n.role == "backward" and n.id not in
-              clone_of.values() and any(i in clone_of for i in n.inputs)]:
-        graph.replace_inputs(n.id, tuple(clone_of.get(i, i) for i in n.inputs))
-    return {c: v for v, c in clone_of.items()}
+    position = {v: p for p, v in enumerate(graph.topo_order())}
+    readers = [n for n in graph.nodes.values() if n.role == "backward"
+               and any(_forward(graph[i]) and i not in available for i in n.inputs)]
+
+    def segment_key(reader: Node, value: int) -> int:
+        return segment_of.get(reader.origin, segment_of.get(value, 0))
+
+    wanted: dict[int, set[int]] = {}
+    for n in readers:
+        for i in n.inputs:
+            if _forward(graph[i]) and i not in available:
+                wanted.setdefault(segment_key(n, i), set()).add(i)
+    clone_of: dict[tuple[int, int], int] = {}
+    for key, values in sorted(wanted.items()):
+        closure, stack = set(), list(values)
+        while stack:
+            v = stack.pop()
+            if v not in closure:
+                closure.add(v)
+                stack.extend(i for i in graph[v].inputs
+                             if _forward(graph[i]) and i not in available)
+        for v in sorted(closure, key=position.__getitem__):
+            node = graph[v]
+            with graph.building("backward", origin=v if node.origin is None else node.origin,
+                                site=node.site):
+                copy = graph.add(node.op, [clone_of.get((key, i), i) for i in node.inputs])
+            clone_of[key, v] = copy.id
+    for n in readers:
+        key = {i: segment_key(n, i) for i in n.inputs}
+        graph.replace_inputs(n.id, tuple(clone_of.get((key[i], i), i) for i in n.inputs))
+    return {c: v for (_, v), c in clone_of.items()}
 
 
 def planned_peak(graph: Graph, ctx: PassContext, clones: Iterable[int] = ()) -> int:
@@ -168,10 +252,23 @@ def planned_peak(graph: Graph, ctx: PassContext, clones: Iterable[int] = ()) -> 
     return plan_memory(work, plan, wanted).peak_bytes
 
 
-def _trial(graph: Graph, ctx: PassContext, kept: set[int]) -> tuple[int, Graph, dict[int, int]]:
+@dataclass
+class _Trial:
+    """One kept set under one segmentation, rewritten and measured."""
+
+    segments: Segmentation
+    kept: set[int]
+    peak: int
+    graph: Graph
+    clones: dict[int, int]
+    flops: int
+
+
+def _trial(graph: Graph, ctx: PassContext, segments: Segmentation, kept: set[int]) -> _Trial:
     work = graph.copy()
-    clones = recompute(work, kept)
-    return planned_peak(work, ctx, clones), work, clones
+    clones = recompute(work, kept, segments.segment_of)
+    return _Trial(segments, kept, planned_peak(work, ctx, clones), work, clones,
+                  sum(node_flops(work, work[c]) for c in clones))
 
 
 def _give_up_order(graph: Graph, kept: set[int]) -> list[int]:
@@ -181,6 +278,52 @@ def _give_up_order(graph: Graph, kept: set[int]) -> list[int]:
         return (node.op.kind in ("library", "gather", "scatter"),
                 node_flops(graph, node) / max(node.type.nbytes, 1), v)
     return sorted((v for v in kept if v not in graph.outputs), key=key)
+
+
+def segment_counts(needed: int) -> list[int]:
+    """The segment counts tried: 1, then about √2 apart (2, 3, 4, 6, 8, 12, ...) up to
+    2·√(values the backward reads), O(log n) of them: √n segments of √n values each is what
+    checkpointing a chain needs (Chen et al. 2016), and each count is a full plan to make."""
+    counts, k = [1], 0
+    while (count := (2, 3)[k % 2] << (k // 2)) <= max(2, math.isqrt(4 * needed)):
+        counts.append(count)
+        k += 1
+    return counts
+
+
+def _kept_anyway(segments: Segmentation, needed: set[int]) -> set[int]:
+    """The boundaries, and with two or more segments the needed values of the last one: its
+    backward starts as the forward ends, so a recompute would only repeat the forward."""
+    if segments.count == 1:
+        return set(segments.boundaries)
+    last = segments.count - 1
+    return segments.boundaries | {v for v in needed if segments.segment_of[v] == last}
+
+
+def _search(graph: Graph, ctx: PassContext, target: int, needed: set[int]) -> tuple[_Trial, int]:
+    """The chosen trial (module docstring, steps 1–3) and the smallest peak seen."""
+    order = [v for v in graph.topo_order() if _forward(graph[v])]
+    cuts, trials = [], []
+    for count in segment_counts(len(needed)):
+        cuts.append(segment(graph, order, count))
+        kept = min_cut_kept(graph, needed, cuts[-1].boundaries) | _kept_anyway(cuts[-1], needed)
+        trials.append(_trial(graph, ctx, cuts[-1], kept))
+        if trials[-1].peak <= target:
+            return trials[-1], min(t.peak for t in trials)
+    lowest = [_trial(graph, ctx, s, _kept_anyway(s, needed)) for s in cuts]
+    best = min(range(len(cuts)), key=lambda k: lowest[k].peak)
+    smallest = min(lowest[best].peak, *(t.peak for t in trials))
+    if lowest[best].peak > target:
+        return min(trials + lowest, key=lambda t: t.peak), smallest
+    trial, segments = trials[best], cuts[best]
+    kept = set(trial.kept)
+    order = _give_up_order(graph, kept - _kept_anyway(segments, needed))
+    batch = 1
+    while trial.peak > target:
+        kept -= set(order[:batch])
+        order, batch = order[batch:], batch * 2
+        trial = _trial(graph, ctx, segments, kept)
+    return trial, smallest
 
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
@@ -195,25 +338,17 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
         if default > target:
             raise MemoryBudgetError(_too_small(target, default, graph))
         return {}
-    kept = min_cut_kept(graph, needed)
-    peak, work, clones = _trial(graph, ctx, kept)
-    best = peak
-    order = _give_up_order(graph, kept)
-    batch = 1
-    while peak > target and order:
-        kept -= set(order[:batch])
-        order, batch = order[batch:], batch * 2
-        peak, work, clones = _trial(graph, ctx, kept)
-        best = min(best, peak)
-    if peak > target:
-        raise MemoryBudgetError(_too_small(target, best, graph))
-    _adopt(graph, work)
-    recomputed = sorted(set(clones.values()) & needed)
+    trial, smallest = _search(graph, ctx, target, needed)
+    if trial.peak > target:
+        raise MemoryBudgetError(_too_small(target, smallest, graph))
+    graph.adopt(trial.graph)
+    recomputed = sorted(set(trial.clones.values()) & needed)
     ctx.remat = RematPlan(
-        target, default, peak, kept=sorted(needed - set(recomputed)), recomputed=recomputed,
-        clones=clones, bytes_saved=sum(graph[v].type.nbytes for v in recomputed),
-        extra_flops=sum(node_flops(graph, graph[c]) for c in clones))
-    return {"recomputed": len(recomputed), "clones": len(clones)}
+        target, default, trial.peak, kept=sorted(needed - set(recomputed)),
+        recomputed=recomputed, clones=trial.clones, segments=trial.segments.count,
+        bytes_saved=sum(graph[v].type.nbytes for v in recomputed), extra_flops=trial.flops)
+    return {"recomputed": len(recomputed), "clones": len(trial.clones),
+            "segments": trial.segments.count}
 
 
 def _too_small(target: int, smallest: int, graph: Graph) -> str:
@@ -221,11 +356,6 @@ def _too_small(target: int, smallest: int, graph: Graph) -> str:
             f"peak any plan of graph '{graph.name}' reaches, {format_bytes(smallest)} "
             f"({smallest} bytes), even with every forward value recomputed in the backward")
 
-
-def _adopt(graph: Graph, work: Graph) -> None:
-    """Make `graph` the rewritten copy (passes mutate the graph they are given)."""
-    graph.nodes, graph.nx, graph.outputs = work.nodes, work.nx, work.outputs
-    graph.feed_names, graph.scopes, graph._next_id = work.feed_names, work.scopes, work._next_id
 
 
 run.name = "remat"  # the name the pipeline reports this pass under
