@@ -43,7 +43,7 @@ def _conv_kernels(dtype: np.dtype):
 
     @cuda.jit
     def forward(x, w, y, sh, sw, ph, pw, dh, dw, groups):
-        n_, o_, oh_, ow_ = y.shape
+        _, o_, oh_, ow_ = y.shape
         c_group, kh_, kw_ = w.shape[1], w.shape[2], w.shape[3]
         height, width = x.shape[2], x.shape[3]
         o_group = o_ // groups
@@ -68,7 +68,7 @@ def _conv_kernels(dtype: np.dtype):
 
     @cuda.jit
     def backward_data(w, dy, dx, sh, sw, ph, pw, dh, dw, groups):
-        n_, c_, height, width = dx.shape
+        _, c_, height, width = dx.shape
         c_group, kh_, kw_ = w.shape[1], w.shape[2], w.shape[3]
         oh_, ow_ = dy.shape[2], dy.shape[3]
         o_group = dy.shape[1] // groups
@@ -175,7 +175,7 @@ def _pool_kernels(dtype: np.dtype):
 
     @cuda.jit
     def forward(x, values, y, mode, kh, kw, sh, sw, ph, pw):
-        n_, c_, oh_, ow_ = y.shape
+        _, c_, oh_, ow_ = y.shape
         height, width = x.shape[2], x.shape[3]
         start = cuda.grid(1)
         for i in range(start, y.size, cuda.gridsize(1)):
@@ -197,7 +197,7 @@ def _pool_kernels(dtype: np.dtype):
 
     @cuda.jit
     def backward(x, dy, dx, mode, kh, kw, sh, sw, ph, pw):
-        n_, c_, height, width = dx.shape
+        _, c_, height, width = dx.shape
         oh_, ow_ = dy.shape[2], dy.shape[3]
         start = cuda.grid(1)
         for i in range(start, dx.size, cuda.gridsize(1)):
