@@ -89,3 +89,11 @@ def test_super_resolution_learns_the_inverse_mixing():
                                                verbose=False)
     assert _fell(result["losses"], 1e-3)
     assert result["weight_error"] < 0.01
+
+
+def test_cnn_digits():
+    """One epoch on scikit-learn's digits (the `examples` extra): the loss falls and the
+    held-out accuracy is far above chance."""
+    result = _example("cnn_digits").main(epochs=1, verbose=False)
+    assert _fell(result["losses"], 0.5)
+    assert result["accuracy"] > 0.5
