@@ -50,6 +50,7 @@ from .frontend.tensor import Tensor
 from .heap import collector_paused
 from .ir import Graph, Node, call_site
 from .kernel import KernelStep, LibraryStep, Program
+from .ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter
 from .ops.linalg import BatchedMatrixMul, MatrixMul
 from .ops.source import Placeholder
 from .reference import first_non_finite
@@ -155,6 +156,10 @@ def _library_flops(graph: Graph, step: LibraryStep) -> int:
         a = graph[graph[step.node].inputs[0]].type
         k = a.shape[-2] if op.transpose_a else a.shape[-1]
         return 2 * out.size * k
+    if isinstance(op, (Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter)):
+        inputs = [graph[i].type for i in graph[step.node].inputs]
+        g = op.geometry_of(*inputs)  # each of the three is one multiply-add per filter tap
+        return 2 * g.n * g.o * g.out[0] * g.out[1] * g.c_per_group * g.kernel[0] * g.kernel[1]
     return 0
 
 

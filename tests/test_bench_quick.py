@@ -155,3 +155,17 @@ def test_cuda_target_runs_and_matches_numpy(monkeypatch, tmp_path):
     # the limits are the GPU's (a CUDA triad), not the host's
     assert result["machine"]["source"].startswith("cuda: numba triad kernel")
     assert "gpu" in result["environment"] and result["environment"]["compute_capability"]
+
+
+def test_cnn_workload_runs_in_the_quick_suite_and_matches_numpy(tmp_path, monkeypatch):
+    """The cnn workload (issue 14) at its tiny size: compiled, timed and checked against the
+    hand-written im2col numpy step."""
+    monkeypatch.setenv("GRADCOMPILER_CACHE_DIR", str(tmp_path))
+    result = suite.run_suite(["cnn"], target="cpu", quick=True, peers=["numpy_manual"],
+                             first_call=False, log=None)
+    entry = result["workloads"][0]
+    assert entry["name"] == "cnn" and entry["bound"] == "gemm" and _positive(entry["flops"])
+    compiled = entry["compiled"]
+    assert compiled["status"] == "ok", compiled.get("error")
+    assert compiled["correct"] is True and _positive(compiled["median_s"])
+    assert entry["peers"]["numpy_manual"]["correct"] is True

@@ -106,3 +106,11 @@ def test_custom_gradients_give_what_their_backward_defines():
         for g, e in zip(got, expected):
             np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-15)
     assert example.main(verbose=False)["check"].ok
+
+
+def test_cnn_digits():
+    """One epoch on scikit-learn's digits (the `examples` extra): the loss falls and the
+    held-out accuracy is far above chance."""
+    result = _example("cnn_digits").main(epochs=1, verbose=False)
+    assert _fell(result["losses"], 0.5)
+    assert result["accuracy"] > 0.5

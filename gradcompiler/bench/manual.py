@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .workloads import PIXEL_SHUFFLE_FACTOR, attention_scale
+from .workloads import CNN_BN_EPS, PIXEL_SHUFFLE_FACTOR, attention_scale, cnn_layers
 
 Feeds = Mapping[str, np.ndarray]
 
@@ -151,6 +151,109 @@ def pixel_shuffle(f: Feeds) -> list[np.ndarray]:
     return [np.asarray(loss), d_x]
 
 
+def _im2col(x: np.ndarray, k: int, stride: int) -> tuple[np.ndarray, int, int]:
+    """Rows (n, oh, ow), columns (c, kh, kw) of a k×k, padding-1 convolution's taps."""
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (k, k), axis=(2, 3))
+    windows = windows[:, :, ::stride, ::stride]                    # (n, c, oh, ow, k, k)
+    n, c, oh, ow = windows.shape[:4]
+    return windows.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * k * k), oh, ow
+
+
+def _conv(x, w, stride):
+    cols, oh, ow = _im2col(x, w.shape[2], stride)
+    y = (cols @ w.reshape(w.shape[0], -1).T).reshape(x.shape[0], oh, ow, w.shape[0])
+    return y.transpose(0, 3, 1, 2), cols
+
+
+def _conv_backward(dy, cols, x_shape, w, stride, need_dx=True):
+    """(dx or None, dw): dw = dyᵀ·cols; dx folds dy·w back over the taps (col2im)."""
+    n, o, oh, ow = dy.shape
+    k = w.shape[2]
+    rows = dy.transpose(0, 2, 3, 1).reshape(-1, o)
+    dw = (rows.T @ cols).reshape(w.shape)
+    if not need_dx:
+        return None, dw
+    dcols = (rows @ w.reshape(o, -1)).reshape(n, oh, ow, x_shape[1], k, k)
+    padded = np.zeros((n, x_shape[1], x_shape[2] + 2, x_shape[3] + 2), dy.dtype)
+    for kh in range(k):
+        for kw in range(k):
+            padded[:, :, kh:kh + stride * (oh - 1) + 1:stride,
+                   kw:kw + stride * (ow - 1) + 1:stride] += dcols[..., kh, kw].transpose(0, 3, 1, 2)
+    return padded[:, :, 1:-1, 1:-1], dw
+
+
+def _bn(z, gamma, beta):
+    mu = z.mean(axis=(0, 2, 3), keepdims=True)
+    centred = z - mu
+    rstd = 1 / np.sqrt((centred * centred).mean(axis=(0, 2, 3), keepdims=True) + CNN_BN_EPS)
+    xhat = centred * rstd
+    return xhat * gamma[None, :, None, None] + beta[None, :, None, None], xhat, rstd
+
+
+def _bn_backward(dy, xhat, rstd, gamma):
+    """(dz, dgamma, dbeta): the two-reduction form of batch norm's gradient."""
+    dbeta = dy.sum(axis=(0, 2, 3))
+    dgamma = (dy * xhat).sum(axis=(0, 2, 3))
+    count = dy.size // dy.shape[1]
+    dz = (gamma[None, :, None, None] * rstd / count) * (
+        count * dy - dbeta[None, :, None, None] - xhat * dgamma[None, :, None, None])
+    return dz, dgamma, dbeta
+
+
+def cnn(f: Feeds) -> list[np.ndarray]:
+    """The cnn workload: im2col convolutions through BLAS, batch norm by hand."""
+    x, labels = f["x"], f["labels"]
+    layers = cnn_layers(f["stem_w"].shape[0], x.shape[1])
+    saved = {}
+
+    def conv_bn(h, name, stride):
+        z, cols = _conv(h, f[f"{name}_w"], stride)
+        y, xhat, rstd = _bn(z, f[f"{name}_gamma"], f[f"{name}_beta"])
+        saved[name] = (h.shape, cols, xhat, rstd, stride)
+        return y
+
+    h = np.maximum(conv_bn(x, "stem", 1), 0)
+    acts = {"stem": h}
+    for block in (1, 2):
+        inner = np.maximum(conv_bn(h, f"res{block}a", 1), 0)
+        h = np.maximum(conv_bn(inner, f"res{block}b", 1) + h, 0)
+        acts[f"res{block}a"], acts[f"res{block}b"] = inner, h
+    h = np.maximum(conv_bn(h, "down", 2), 0)
+    acts["down"] = h
+    pooled = h.mean(axis=(2, 3))
+    logits = pooled @ f["fc_w"] + f["fc_b"]
+    rows = np.arange(len(labels))
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(shifted)
+    total = e.sum(axis=1, keepdims=True)
+    loss = -(shifted[rows, labels] - np.log(total[:, 0])).mean()
+    d_logits = e / total
+    d_logits[rows, labels] -= 1
+    d_logits /= len(labels)
+    grads = {"fc_w": pooled.T @ d_logits, "fc_b": d_logits.sum(0)}
+
+    def conv_bn_backward(dy, name):
+        x_shape, cols, xhat, rstd, stride = saved[name]
+        dz, grads[f"{name}_gamma"], grads[f"{name}_beta"] = _bn_backward(
+            dy, xhat, rstd, f[f"{name}_gamma"])
+        dx, grads[f"{name}_w"] = _conv_backward(dz, cols, x_shape, f[f"{name}_w"], stride,
+                                                need_dx=name != "stem")
+        return dx
+
+    d_h = d_logits @ f["fc_w"].T
+    d_h = np.broadcast_to(d_h[:, :, None, None] / (h.shape[2] * h.shape[3]), h.shape)
+    d_h = conv_bn_backward(np.where(acts["down"] > 0, d_h, 0), "down")
+    for block in (2, 1):
+        d_sum = np.where(acts[f"res{block}b"] > 0, d_h, 0)       # through the block's ReLU
+        d_inner = conv_bn_backward(d_sum, f"res{block}b")
+        d_h = d_sum + conv_bn_backward(np.where(acts[f"res{block}a"] > 0, d_inner, 0),
+                                       f"res{block}a")
+    conv_bn_backward(np.where(acts["stem"] > 0, d_h, 0), "stem")
+    order = [f"{name}_{part}" for name, _, _ in layers for part in ("w", "gamma", "beta")]
+    return [np.asarray(loss)] + [grads[k] for k in order] + [grads["fc_w"], grads["fc_b"]]
+
+
 STEPS: dict[str, Callable[[Feeds], list[np.ndarray]]] = {
     "mlp": mlp,
     "layernorm_gelu": layernorm_gelu,
@@ -159,4 +262,5 @@ STEPS: dict[str, Callable[[Feeds], list[np.ndarray]]] = {
     "bcast_reduce": bcast_reduce,
     "spatial_transformer": spatial_transformer,
     "pixel_shuffle": pixel_shuffle,
+    "cnn": cnn,
 }

@@ -6,11 +6,13 @@ the suite can time it like the compiled step. Peers:
 
 * `numpy_manual`: the hand-written numpy steps of `manual.py`, always there;
 * `torch_eager`: PyTorch autograd, written as a PyTorch user would
-  (`F.cross_entropy`, `F.layer_norm`, `F.grid_sample`, `F.pixel_shuffle`);
+  (`F.cross_entropy`, `F.layer_norm`, `F.grid_sample`, `F.pixel_shuffle`,
+  `F.conv2d`, `F.batch_norm`);
 * `torch_compile`: the same loss through `torch.compile` (forward and the
   AOT-autograd backward compiled), gradients by `torch.autograd.grad`;
 * `jax_jit`: `jax.jit(jax.value_and_grad(loss))`, idiomatic jax
-  (`jax.nn`, `jax.scipy.ndimage.map_coordinates` for the warp).
+  (`jax.nn`, `jax.scipy.ndimage.map_coordinates` for the warp,
+  `jax.lax.conv_general_dilated` for the convolutions).
 
 A framework that is not installed is not an error: `available_peers` reports
 it as skipped with a note. On target "cuda" the torch peers use the GPU when
@@ -33,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from . import manual
-from .workloads import PIXEL_SHUFFLE_FACTOR, Workload, attention_scale
+from .workloads import CNN_BN_EPS, PIXEL_SHUFFLE_FACTOR, Workload, attention_scale
 
 PEER_NAMES = ("numpy_manual", "torch_eager", "torch_compile", "jax_jit")
 
@@ -107,9 +109,23 @@ def _torch_losses(torch) -> dict[str, Callable[..., Any]]:
         y = functional.pixel_shuffle(x, PIXEL_SHUFFLE_FACTOR)
         return (y * y).sum() / 2
 
+    def cnn(x, labels, fc_w, fc_b, **p):
+        def conv_bn(h, name, stride):
+            z = functional.conv2d(h, p[f"{name}_w"], stride=stride, padding=1)
+            return functional.batch_norm(z, None, None, p[f"{name}_gamma"], p[f"{name}_beta"],
+                                         training=True, eps=CNN_BN_EPS)
+
+        h = functional.relu(conv_bn(x, "stem", 1))
+        for block in (1, 2):
+            inner = functional.relu(conv_bn(h, f"res{block}a", 1))
+            h = functional.relu(conv_bn(inner, f"res{block}b", 1) + h)
+        h = functional.relu(conv_bn(h, "down", 2))
+        pooled = functional.adaptive_avg_pool2d(h, 1).flatten(1)
+        return functional.cross_entropy(pooled @ fc_w + fc_b, labels)
+
     return dict(mlp=mlp, layernorm_gelu=layernorm_gelu, attention=attention, embedding=embedding,
                 bcast_reduce=bcast_reduce, spatial_transformer=spatial_transformer,
-                pixel_shuffle=pixel_shuffle)
+                pixel_shuffle=pixel_shuffle, cnn=cnn)
 
 
 def _torch_device(torch, target: str) -> str:
@@ -195,9 +211,25 @@ def _jax_losses(jax) -> dict[str, Callable[..., Any]]:
         y = x.reshape(b, c, f, f, h, w).transpose(0, 1, 4, 2, 5, 3).reshape(b, c, h * f, w * f)
         return (y * y).sum() / 2
 
+    def cnn(x, labels, fc_w, fc_b, **p):
+        def conv_bn(h, name, stride):
+            z = jax.lax.conv_general_dilated(h, p[f"{name}_w"], (stride, stride),
+                                             ((1, 1), (1, 1)),
+                                             dimension_numbers=("NCHW", "OIHW", "NCHW"))
+            z = jax.nn.standardize(z, axis=(0, 2, 3), epsilon=CNN_BN_EPS)
+            return z * p[f"{name}_gamma"][:, None, None] + p[f"{name}_beta"][:, None, None]
+
+        h = jax.nn.relu(conv_bn(x, "stem", 1))
+        for block in (1, 2):
+            inner = jax.nn.relu(conv_bn(h, f"res{block}a", 1))
+            h = jax.nn.relu(conv_bn(inner, f"res{block}b", 1) + h)
+        h = jax.nn.relu(conv_bn(h, "down", 2))
+        logp = jax.nn.log_softmax(h.mean(axis=(2, 3)) @ fc_w + fc_b, axis=-1)
+        return -jnp.take_along_axis(logp, labels[:, None], axis=1).mean()
+
     return dict(mlp=mlp, layernorm_gelu=layernorm_gelu, attention=attention, embedding=embedding,
                 bcast_reduce=bcast_reduce, spatial_transformer=spatial_transformer,
-                pixel_shuffle=pixel_shuffle)
+                pixel_shuffle=pixel_shuffle, cnn=cnn)
 
 
 def _prepare_jax(work: Workload, feeds: Mapping[str, np.ndarray], target: str) -> PreparedPeer:

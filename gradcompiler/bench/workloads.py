@@ -1,4 +1,4 @@
-"""The seven benchmark workloads of `docs/benchmarks.md`, as graph builders.
+"""The benchmark workloads of `docs/benchmarks.md` (and `cnn`, issue 14), as graph builders.
 
 Each builder returns a `Workload`: the graph, its scalar loss, the tensors
 the gradients are taken with respect to, the gradients themselves (built
@@ -46,6 +46,8 @@ DIMS: dict[str, dict[str, dict[str, int]]] = {
                             "tiny": dict(batch=2, channels=3, height=6, width=7)},
     "pixel_shuffle": {"full": dict(batch=16, channels=64, height=64, width=64),
                       "tiny": dict(batch=2, channels=8, height=3, width=4)},
+    "cnn": {"full": dict(batch=64, channels=3, size=32, width=32, classes=10),
+            "tiny": dict(batch=3, channels=2, size=6, width=4, classes=3)},
 }
 
 NAMES = tuple(DIMS)
@@ -232,6 +234,73 @@ def build_pixel_shuffle(size: str = "full", dtype="float32") -> Workload:
     return _finish("pixel_shuffle", size, d, graph, loss, [x], make_feeds)
 
 
+CNN_BN_EPS = 1e-5
+
+
+def cnn_layers(width: int, channels: int) -> list[tuple[str, tuple[int, int, int, int], int]]:
+    """(name, filter shape, stride) of the cnn workload's convolutions, in order: a stem,
+    two residual blocks of two convolutions each, and a stride-2 convolution to 2·width."""
+    three = (3, 3)
+    layers = [("stem", (width, channels, *three), 1)]
+    for block in (1, 2):
+        layers += [(f"res{block}a", (width, width, *three), 1),
+                   (f"res{block}b", (width, width, *three), 1)]
+    return layers + [("down", (2 * width, width, *three), 2)]
+
+
+def build_cnn(size: str = "full", dtype="float32") -> Workload:
+    """A small ResNet: conv3×3 + BN + ReLU, two residual blocks, a stride-2 conv + BN + ReLU,
+    global average pooling, a linear layer and cross-entropy. The convolutions have no
+    bias (BN's beta is the bias; a bias before BN would get a zero gradient)."""
+    d = DIMS["cnn"][size]
+    n, c, s, w, k = d["batch"], d["channels"], d["size"], d["width"], d["classes"]
+    layers = cnn_layers(w, c)
+    with gc.Graph("cnn") as graph:
+        x = gc.input("x", (n, c, s, s), dtype)
+        labels = gc.input("labels", (n,), "int32")
+        params = {}
+        for name, shape, _ in layers:
+            params[name] = (gc.param(f"{name}_w", shape, dtype),
+                            gc.param(f"{name}_gamma", (shape[0],), dtype),
+                            gc.param(f"{name}_beta", (shape[0],), dtype))
+        fc_w, fc_b = gc.param("fc_w", (2 * w, k), dtype), gc.param("fc_b", (k,), dtype)
+
+        def conv_bn(h, name, stride):
+            weight, gamma, beta = params[name]
+            return gc.batch_norm(gc.conv2d(h, weight, stride=stride, padding=1), gamma, beta,
+                                 eps=CNN_BN_EPS)
+
+        h = gc.relu(conv_bn(x, "stem", 1))
+        for block in (1, 2):
+            inner = gc.relu(conv_bn(h, f"res{block}a", 1))
+            h = gc.relu(conv_bn(inner, f"res{block}b", 1) + h)
+        h = gc.relu(conv_bn(h, "down", 2))
+        pooled = gc.adaptive_avg_pool2d(h, 1).reshape(n, 2 * w)
+        loss = gc.cross_entropy(pooled @ fc_w + fc_b, labels)
+
+    def make_feeds(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        feeds = dict(x=_normal(rng, (n, c, s, s), dtype),
+                     labels=rng.integers(0, k, n).astype(np.int32))
+        for name, shape, _ in layers:
+            fan_in = shape[1] * shape[2] * shape[3]
+            feeds[f"{name}_w"] = _normal(rng, shape, dtype, math.sqrt(2 / fan_in))
+            feeds[f"{name}_gamma"] = 1 + _normal(rng, shape[0], dtype, 0.1)
+            feeds[f"{name}_beta"] = _normal(rng, shape[0], dtype, 0.1)
+        feeds.update(fc_w=_normal(rng, (2 * w, k), dtype, 1 / math.sqrt(2 * w)),
+                     fc_b=_normal(rng, k, dtype, 0.1))
+        return feeds
+
+    # each convolution: forward, data gradient (not for the stem: x needs none), filter gradient
+    flops = 0
+    for index, (_, shape, stride) in enumerate(layers):
+        out = s // stride if stride > 1 else s
+        macs = n * out * out * shape[0] * shape[1] * shape[2] * shape[3]
+        flops += 2 * macs * (2 if index == 0 else 3)
+    flops += 2 * n * 2 * w * k * 2
+    wrt = [t for name, _, _ in layers for t in params[name]] + [fc_w, fc_b]
+    return _finish("cnn", size, d, graph, loss, wrt, make_feeds, flops)
+
+
 BUILDERS: dict[str, Callable[..., Workload]] = {
     "mlp": build_mlp,
     "layernorm_gelu": build_layernorm_gelu,
@@ -240,6 +309,7 @@ BUILDERS: dict[str, Callable[..., Workload]] = {
     "bcast_reduce": build_bcast_reduce,
     "spatial_transformer": build_spatial_transformer,
     "pixel_shuffle": build_pixel_shuffle,
+    "cnn": build_cnn,
 }
 
 

@@ -1,5 +1,6 @@
 """The numpy-like build API. Everything here builds nodes; nothing runs."""
 
+from .conv import *  # noqa: F401,F403
 from .indexing import *  # noqa: F401,F403
 from .math import *  # noqa: F401,F403
 from .nn import *  # noqa: F401,F403

@@ -8,7 +8,18 @@ explicit non-differentiable mark.
 from __future__ import annotations
 
 from ..ir import Op
-from . import custom, elemwise, indexing, linalg, reduce, shape, source, vision  # noqa: F401
+from . import (  # noqa: F401
+    conv,
+    custom,
+    elemwise,
+    indexing,
+    linalg,
+    pool,
+    reduce,
+    shape,
+    source,
+    vision,
+)
 
 
 def all_op_classes() -> list[type[Op]]:

@@ -4,7 +4,7 @@ Importing this package registers every rule. See `registry.py` for the rule
 contract (modelled on the seed's CustomGradMaker).
 """
 
-from . import custom, elemwise, indexing, linalg, reduce, shape, vision  # noqa: F401
+from . import conv, custom, elemwise, indexing, linalg, reduce, shape, vision  # noqa: F401
 from .registry import (  # noqa: F401
     ForwardNode,
     apply_rule,

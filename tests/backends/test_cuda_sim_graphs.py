@@ -176,12 +176,33 @@ def _custom_gradient(rng):
     return [loss, grad_x], feeds
 
 
+def _cnn(rng):
+    """Every convolution and pooling op, forward and backward, in one small training step."""
+    with gc.Graph("cnn"):
+        x = gc.input("x", (2, 2, 5, 5))
+        w1, w2 = gc.param("w1", (3, 2, 3, 3)), gc.param("w2", (4, 1, 2, 2))
+        w3, b2 = gc.param("w3", (4, 2, 2, 2)), gc.param("b2", (4,))
+        gamma, beta = gc.param("gamma", (3,)), gc.param("beta", (3,))
+        h = gc.relu(gc.batch_norm(gc.conv2d(x, w1, padding=1, dilation=(1, 2)), gamma, beta))
+        h = gc.max_pool2d(h[:, :, :, 1:], 2, 1, ceil_mode=True)[:, :2]
+        h = gc.conv2d(h, w2, b2, stride=2, padding=1, groups=2)
+        h = gc.avg_pool2d(h, 2, 1, 1, count_include_pad=False)
+        out = gc.conv_transpose2d(h, w3, stride=2, output_padding=1, groups=2)
+        loss = (out * out).mean()
+        grads = gc.grad(loss, [x, w1, w2, w3, b2, gamma, beta])
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in
+             {"x": (2, 2, 5, 5), "w1": (3, 2, 3, 3), "w2": (4, 1, 2, 2), "w3": (4, 2, 2, 2),
+              "b2": (4,), "gamma": (3,), "beta": (3,)}.items()}
+    return [loss, *grads, out], feeds
+
+
 CASES: dict[str, Callable] = {
     "custom_gradient": _custom_gradient,
     "elementwise": _elementwise, "reductions": _reductions, "shapes": _shapes, "indexing": _indexing,
     "matmul": _matmul, "warp_replicate": _warp_case("replicate", "NCHW"),
     "warp_constant_nhwc": _warp_case("constant", "NHWC"), "warp_reflect": _warp_case("reflect", "NCHW"),
     "warp_reflect_101": _warp_case("reflect_101", "NCHW"), "warp_wrap_nhwc": _warp_case("wrap", "NHWC"),
+    "cnn": _cnn,
 }
 
 

@@ -492,6 +492,21 @@ def r_warp(b: _Builder) -> None:
     b.add(out)
 
 
+def r_conv(b: _Builder) -> None:
+    """A convolution, a transposed convolution or an average pooling of a small image (MAX
+    pooling stays out: a step of the finite differences may switch a window's maximum)."""
+    src = _image(b, b.pick(), "NCHW")
+    kind = b.choice(["conv", "conv_transpose", "avg_pool"])
+    if kind == "conv":
+        w = b.new_param((2, 1, 2, b.choice([1, 2])), scale=0.5)
+        b.add(gc.conv2d(src, w, stride=b.choice([1, 2]), padding=b.choice([0, 1])))
+    elif kind == "conv_transpose":
+        w = b.new_param((1, 2, 2, 2), scale=0.5)
+        b.add(gc.conv_transpose2d(src, w, stride=b.choice([1, 2]), padding=b.choice([0, 1])))
+    else:
+        b.add(gc.avg_pool2d(src, 2, 1, b.choice([0, 1]), count_include_pad=b.flag()))
+
+
 RECIPES: dict[str, Callable[[_Builder], None]] = {
     "unary": r_unary, "binary": r_binary, "ternary": r_ternary, "where": r_where, "cast": r_cast,
     "reduce": r_reduce, "reduce_to": r_reduce_to, "reshape": r_reshape, "broadcast": r_broadcast,
@@ -499,7 +514,7 @@ RECIPES: dict[str, Callable[[_Builder], None]] = {
     "subtensor": r_subtensor, "set_subtensor": r_set_subtensor, "gather": r_gather,
     "scatter": r_scatter, "one_hot": r_one_hot, "matmul": r_matmul, "composite": r_composite,
     "custom": r_custom,
-    "warp": r_warp,
+    "warp": r_warp, "conv": r_conv,
 }
 """Every recipe a case can draw; `fuzz_cases(recipes=...)` restricts them."""
 

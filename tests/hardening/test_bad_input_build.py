@@ -29,7 +29,9 @@ from gradcompiler.errors import (
 )
 from gradcompiler.ops import all_op_classes
 from gradcompiler.ops.custom import CustomGradient
+from gradcompiler.ops.conv import ConvolutionBackwardData, ConvolutionBackwardFilter
 from gradcompiler.ops.elemwise import StopGradient
+from gradcompiler.ops.pool import Pooling, PoolingBackward
 from gradcompiler.ops.shape import FastpathCopy
 from gradcompiler.ops.vision import WarpPerspectiveBackwardData, WarpPerspectiveBackwardMat
 
@@ -60,6 +62,9 @@ def make_tensors() -> SimpleNamespace:
         m32=gc.input("m32", (1, 3, 2)),
         m33x2=gc.input("m33x2", (2, 3, 3)), g=gc.input("g", (1, 3, 2, 2)),
         ps=gc.input("ps", (1, 6, 2, 2)), pu=gc.input("pu", (1, 1, 3, 3)),
+        img=gc.input("img", (2, 4, 5, 5)), w33=gc.input("w33", (6, 4, 3, 3)),
+        w3c=gc.input("w3c", (6, 3, 3, 3)), w88=gc.input("w88", (6, 4, 8, 8)),
+        dimg=gc.input("dimg", (2, 4, 5, 5), "float64"), dy33=gc.input("dy33", (2, 6, 3, 3)),
     )
 
 
@@ -183,6 +188,38 @@ BAD_BUILDS = [
     Bad("CustomGradient identity", GraphError,
         lambda t: gc.apply(CustomGradient(_identity_backward, "identity", 1, 0), t.x),
         ("1 arguments, 0 residuals and the forward value", "got 1 inputs")),
+    # convolution and pooling
+    Bad("Convolution", ShapeError, lambda t: gc.conv2d(t.c3, t.w33), ("(3, 3, 4)", "4-D")),
+    Bad("Convolution", ShapeError,
+        lambda t: gc.conv2d(t.img, t.w3c), ("(6, 3, 3, 3)", "(2, 4, 5, 5)", "4 channels")),
+    Bad("Convolution", ShapeError,
+        lambda t: gc.conv2d(t.img, t.w33, groups=3), ("groups=3", "(2, 4, 5, 5)", "(6, 4, 3, 3)")),
+    Bad("Convolution", ShapeError,
+        lambda t: gc.conv2d(t.img, t.w88, padding=1), ("(8, 8)", "(2, 4, 5, 5)", "larger")),
+    Bad("Convolution", ShapeError,
+        lambda t: gc.conv2d(t.img, t.w33, stride=0), ("stride", "(0, 0)")),
+    Bad("Convolution", DTypeError, lambda t: gc.conv2d(t.dimg, t.w33), ("float64", "float32")),
+    Bad("ConvolutionBackwardData", ShapeError,
+        lambda t: gc.apply(ConvolutionBackwardData(image=(6, 6)), t.w33, t.dy33),
+        ("(6, 6)", "(4, 4)", "(3, 3)")),
+    Bad("ConvolutionBackwardFilter", ShapeError,
+        lambda t: gc.apply(ConvolutionBackwardFilter(kernel=(2, 2)), t.img, t.dy33),
+        ("(2, 2)", "(4, 4)", "(3, 3)")),
+    Bad("conv_transpose2d", ShapeError,
+        lambda t: gc.conv_transpose2d(t.img, t.w33), ("(2, 4, 5, 5)", "(6, 4, 3, 3)", "6")),
+    Bad("Pooling MAX", ShapeError, lambda t: gc.max_pool2d(t.c3, 2), ("(3, 3, 4)", "4-D")),
+    Bad("Pooling AVERAGE", ShapeError,
+        lambda t: gc.avg_pool2d(t.img, 3, padding=2), ("(2, 2)", "half", "(3, 3)")),
+    Bad("Pooling MAX", ShapeError,
+        lambda t: gc.max_pool2d(t.img, (8, 2)), ("(8, 2)", "(2, 4, 5, 5)", "larger")),
+    Bad("PoolingBackward MAX", ShapeError,
+        lambda t: gc.apply(PoolingBackward("MAX", (2, 2), (2, 2), image=(5, 5)), t.img, t.dy33),
+        ("(2, 4, 5, 5)", "(2, 6, 5, 5)")),
+    Bad("Pooling SUM", ShapeError, lambda t: gc.apply(Pooling("SUM"), t.img), ("SUM",)),
+    Bad("batch_norm", ShapeError,
+        lambda t: gc.batch_norm(t.img, t.v), ("(3,)", "(4,)")),
+    Bad("adaptive_avg_pool2d", ShapeError,
+        lambda t: gc.adaptive_avg_pool2d(t.img, 0), ("output_size", "0")),
 ]
 
 

@@ -95,4 +95,10 @@ def index_error(op: Op, value: int, axis: int, size: int,
         f"{op.label}: {what} value {value} is out of range for axis {axis} of size {size}")
 
 
-from . import library_indexing, library_linalg, library_regions, library_vision  # noqa: E402,F401
+from . import (  # noqa: E402,F401
+    library_conv,
+    library_indexing,
+    library_linalg,
+    library_regions,
+    library_vision,
+)

@@ -47,4 +47,10 @@ def run_library_op(op: Op, *inputs: Any, config: LaunchConfig | None = None, to_
     return host_copy(out) if to_host else out
 
 
-from . import library_indexing, library_linalg, library_reduce, library_vision  # noqa: E402,F401  (registrations)
+from . import (  # noqa: E402,F401  (registrations)
+    library_conv,
+    library_indexing,
+    library_linalg,
+    library_reduce,
+    library_vision,
+)

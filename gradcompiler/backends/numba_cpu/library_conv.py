@@ -1,0 +1,299 @@
+"""Convolution and pooling on the CPU (docs/op-reference.md §13-§14).
+
+Convolution is im2col + BLAS: a chunk of images is unfolded into a column
+buffer (rows: channel × kernel tap, columns: output pixels) that the kernel
+keeps and reuses across calls, and `np.matmul(..., out=)` multiplies the
+grouped filters into it, writing straight into the output buffer; groups
+are a batch dimension of the product, so depthwise and grouped filters
+take the same path. The chunk is sized so the column buffer stays near
+`COLUMN_BYTES` (cache-friendly, and a fixed cost whatever the batch).
+
+* 1×1 filters with stride 1 and no padding skip the unfolding: the image
+  already is its column matrix.
+* BackwardData multiplies the transposed filters into the column buffer
+  and folds it back (col2im, parallel over image planes, so each thread
+  owns the pixels it adds into): every output pixel's contribution lands
+  where its taps read, with no zero-stuffed dilated gradient for stride > 1.
+* BackwardFilter unfolds the images again and multiplies the gradient by
+  the transposed columns, summing the per-image products of each chunk.
+
+Pooling is a direct loop per (image, channel) plane with torch's window
+geometry; MAX tracks the first maximum (strict >, row-major), reads the
+`values` input there (the image itself without one), and its backward adds
+each window's gradient at that position, race-free because a thread owns
+its plane.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ...ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, Geometry
+from ...ops.pool import POOL_MODES, Pooling, PoolingBackward
+from .library import LibraryKernel, ParallelLoop, library_kernel
+
+COLUMN_BYTES = 8 << 20
+_MAX, _AVERAGE, _EXCLUDE_PADDING = (POOL_MODES.index(m) for m in
+                                    ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING"))
+
+
+# -- convolution loops ------------------------------------------------------------------------
+
+@ParallelLoop
+def _im2col_loop(x, cols, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+                 out_w):
+    """cols[b, (c·KH + kh)·KW + kw, oh·OW + ow] = x[first + b, c, ih, iw], 0 in the padding."""
+    count, rows, pixels = cols.shape
+    height, width = x.shape[2], x.shape[3]
+    taps = rows // x.shape[1]
+    for job in prange(count * rows):
+        b = np.int64(job) // rows
+        row = np.int64(job) - b * rows
+        c = row // taps
+        kh = (row - c * taps) // kernel_w
+        kw = row - c * taps - kh * kernel_w
+        for p in range(pixels):
+            oh = p // out_w
+            ih = oh * stride_h - pad_h + kh * dil_h
+            iw = (p - oh * out_w) * stride_w - pad_w + kw * dil_w
+            inside = ih >= 0 and ih < height and iw >= 0 and iw < width
+            cols[b, row, p] = x[first + b, c, ih, iw] if inside else 0
+
+
+@ParallelLoop
+def _col2im_loop(cols, dx, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+                 out_w):
+    """dx[first + b, c] = Σ over the taps and output pixels that read each pixel of plane c."""
+    count, rows, pixels = cols.shape
+    channels, height, width = dx.shape[1], dx.shape[2], dx.shape[3]
+    taps = rows // channels
+    for job in prange(count * channels):
+        b = np.int64(job) // channels
+        c = np.int64(job) - b * channels
+        plane = dx[first + b, c]
+        plane[:, :] = 0
+        for t in range(taps):
+            kh = t // kernel_w
+            kw = t - kh * kernel_w
+            row = c * taps + t
+            for p in range(pixels):
+                oh = p // out_w
+                ih = oh * stride_h - pad_h + kh * dil_h
+                iw = (p - oh * out_w) * stride_w - pad_w + kw * dil_w
+                if ih >= 0 and ih < height and iw >= 0 and iw < width:
+                    plane[ih, iw] += cols[b, row, p]
+
+
+class _Columns:
+    """The geometry of one convolution and its reused column buffer."""
+
+    def __init__(self, g: Geometry, dtype: np.dtype):
+        self.g, self.dtype = g, dtype
+        self.taps = g.kernel[0] * g.kernel[1]
+        self.pixels = g.out[0] * g.out[1]
+        self.rows = g.c * self.taps
+        per_image = max(1, self.rows * self.pixels * dtype.itemsize)
+        self.chunk = max(1, min(g.n, COLUMN_BYTES // per_image))
+        self.direct = g.kernel == (1, 1) and g.stride == (1, 1) and g.padding == (0, 0)
+        self.buffer = None if self.direct else np.empty((self.chunk, self.rows, self.pixels), dtype)
+        self.args = (g.kernel[1], *g.stride, *g.padding, *g.dilation, g.out[1])
+
+    def chunks(self):
+        """(first image, buffer view) for each chunk of the batch."""
+        for first in range(0, self.g.n, self.chunk):
+            yield first, self.buffer[:min(self.chunk, self.g.n - first)]
+
+    def unfold(self, x: np.ndarray, first: int, cols: np.ndarray) -> np.ndarray:
+        _im2col_loop(cols.size, x, cols, first, *self.args)
+        return cols
+
+    def fold(self, cols: np.ndarray, dx: np.ndarray, first: int) -> None:
+        _col2im_loop(cols.size, cols, dx, first, *self.args)
+
+    def grouped(self, cols: np.ndarray) -> np.ndarray:
+        """(count, G, C/G · taps, pixels) view of a column chunk."""
+        return cols.reshape(cols.shape[0], self.g.groups, -1, self.pixels)
+
+    def grouped_images(self, a: np.ndarray, channels: int) -> np.ndarray:
+        """(N, G, channels / G, pixels) view of a contiguous NCHW array."""
+        return a.reshape(a.shape[0], self.g.groups, channels // self.g.groups, -1)
+
+    def grouped_filter(self, w: np.ndarray) -> np.ndarray:
+        """(G, O/G, C/G · taps) view of the filter."""
+        return w.reshape(self.g.groups, self.g.o_per_group, -1)
+
+
+class _ConvKernel:
+    """A kernel that builds its `_Columns` on the first call (the geometry needs the shapes)."""
+
+    def __init__(self, op):
+        self.op = op
+        self.columns: _Columns | None = None
+
+    def columns_for(self, g: Geometry, dtype: np.dtype) -> _Columns:
+        if self.columns is None or (self.columns.g, self.columns.dtype) != (g, dtype):
+            self.columns = _Columns(g, np.dtype(dtype))
+        return self.columns
+
+
+class _Forward(_ConvKernel):
+    def __call__(self, x, w, *, out):
+        x, w = np.ascontiguousarray(x), np.ascontiguousarray(w)
+        c = self.columns_for(self.op.geometry(x.shape, w.shape), out.dtype)
+        filters = c.grouped_filter(w)
+        grouped_out = c.grouped_images(out, c.g.o)
+        if c.direct:
+            np.matmul(filters, c.grouped_images(x, c.g.c), out=grouped_out)
+            return
+        for first, cols in c.chunks():
+            cols = c.grouped(c.unfold(x, first, cols))
+            np.matmul(filters, cols, out=grouped_out[first:first + cols.shape[0]])
+
+
+class _BackwardData(_ConvKernel):
+    def __call__(self, w, dy, *, out):
+        w, dy = np.ascontiguousarray(w), np.ascontiguousarray(dy)
+        g = self.op.geometry(out.shape, w.shape)
+        c = self.columns_for(g, out.dtype)
+        filters_t = np.swapaxes(c.grouped_filter(w), 1, 2)
+        grouped_dy = c.grouped_images(dy, g.o)
+        if c.direct:
+            np.matmul(filters_t, grouped_dy, out=c.grouped_images(out, g.c))
+            return
+        for first, cols in c.chunks():
+            np.matmul(filters_t, grouped_dy[first:first + cols.shape[0]], out=c.grouped(cols))
+            c.fold(cols, out, first)
+
+
+class _BackwardFilter(_ConvKernel):
+    def __call__(self, x, dy, *, out):
+        x, dy = np.ascontiguousarray(x), np.ascontiguousarray(dy)
+        c = self.columns_for(self.op.geometry(x.shape, out.shape), out.dtype)
+        grouped_dy = c.grouped_images(dy, c.g.o)
+        total = c.grouped_filter(out)
+        if c.direct:
+            cols = np.swapaxes(c.grouped_images(x, c.g.c), 2, 3)
+            np.sum(np.matmul(grouped_dy, cols), axis=0, out=total)
+            return
+        total[...] = 0
+        for first, cols in c.chunks():
+            cols_t = np.swapaxes(c.grouped(c.unfold(x, first, cols)), 2, 3)
+            total += np.matmul(grouped_dy[first:first + cols.shape[0]], cols_t).sum(axis=0)
+
+
+@library_kernel.register
+def _convolution(op: Convolution) -> LibraryKernel:
+    return _Forward(op)
+
+
+@library_kernel.register
+def _convolution_backward_data(op: ConvolutionBackwardData) -> LibraryKernel:
+    return _BackwardData(op)
+
+
+@library_kernel.register
+def _convolution_backward_filter(op: ConvolutionBackwardFilter) -> LibraryKernel:
+    return _BackwardFilter(op)
+
+
+# -- pooling loops ------------------------------------------------------------------------------
+
+@ParallelLoop
+def _pool_loop(x, values, out, mode, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w):
+    """out[n, c, oh, ow]: the window's MAX (read from `values`) or its mean."""
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    out_h, out_w = out.shape[2], out.shape[3]
+    for plane in prange(x.shape[0] * channels):
+        n = np.int64(plane) // channels
+        c = np.int64(plane) - n * channels
+        for oh in range(out_h):
+            h0 = oh * stride_h - pad_h
+            h1 = min(h0 + kernel_h, height + pad_h)
+            for ow in range(out_w):
+                w0 = ow * stride_w - pad_w
+                w1 = min(w0 + kernel_w, width + pad_w)
+                if mode == _MAX:
+                    bi, bj = _first_max(x[n, c], h0, h1, w0, w1)
+                    out[n, c, oh, ow] = values[n, c, bi, bj]
+                    continue
+                total = 0.0
+                for i in range(max(h0, 0), min(h1, height)):
+                    for j in range(max(w0, 0), min(w1, width)):
+                        total += x[n, c, i, j]
+                out[n, c, oh, ow] = total / _divisor(mode, h0, h1, w0, w1, height, width)
+
+
+@ParallelLoop
+def _pool_backward_loop(x, dy, dx, mode, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w):
+    """dx[n, c]: each window's gradient added at its first maximum, or spread over it."""
+    channels, height, width = dx.shape[1], dx.shape[2], dx.shape[3]
+    out_h, out_w = dy.shape[2], dy.shape[3]
+    for plane in prange(dx.shape[0] * channels):
+        n = np.int64(plane) // channels
+        c = np.int64(plane) - n * channels
+        dx[n, c, :, :] = 0
+        for oh in range(out_h):
+            h0 = oh * stride_h - pad_h
+            h1 = min(h0 + kernel_h, height + pad_h)
+            for ow in range(out_w):
+                w0 = ow * stride_w - pad_w
+                w1 = min(w0 + kernel_w, width + pad_w)
+                if mode == _MAX:
+                    bi, bj = _first_max(x[n, c], h0, h1, w0, w1)
+                    dx[n, c, bi, bj] += dy[n, c, oh, ow]
+                    continue
+                share = dy[n, c, oh, ow] / _divisor(mode, h0, h1, w0, w1, height, width)
+                for i in range(max(h0, 0), min(h1, height)):
+                    for j in range(max(w0, 0), min(w1, width)):
+                        dx[n, c, i, j] += share
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _first_max(plane, h0, h1, w0, w1):
+    """(row, col) of the window's first maximum in row-major order (its first pixel when
+    nothing beats -inf)."""
+    height, width = plane.shape
+    bi, bj = max(h0, 0), max(w0, 0)
+    best = -np.inf
+    for i in range(max(h0, 0), min(h1, height)):
+        for j in range(max(w0, 0), min(w1, width)):
+            if plane[i, j] > best:
+                best, bi, bj = plane[i, j], i, j
+    return bi, bj
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _divisor(mode, h0, h1, w0, w1, height, width):
+    """torch's AVERAGE divisor: the padded window's size, or its pixels inside the image."""
+    if mode == _EXCLUDE_PADDING:
+        return (min(h1, height) - max(h0, 0)) * (min(w1, width) - max(w0, 0))
+    return (h1 - h0) * (w1 - w0)
+
+
+def _pool_args(op) -> tuple:
+    return (POOL_MODES.index(op.mode), *op.kernel, *op.stride, *op.padding)
+
+
+@library_kernel.register
+def _pooling(op: Pooling) -> LibraryKernel:
+    args = _pool_args(op)
+
+    def pooling(x, values=None, *, out):
+        x = np.ascontiguousarray(x)
+        values = x if values is None else np.ascontiguousarray(values)
+        _pool_loop(out.size * op.kernel[0] * op.kernel[1], x, values, out, *args)
+
+    return pooling
+
+
+@library_kernel.register
+def _pooling_backward(op: PoolingBackward) -> LibraryKernel:
+    args = _pool_args(op)
+
+    def pooling_backward(*inputs, out):
+        dy = np.ascontiguousarray(inputs[-1])
+        x = np.ascontiguousarray(inputs[0]) if op.mode == "MAX" else out  # AVERAGE reads no x
+        _pool_backward_loop(dy.size * op.kernel[0] * op.kernel[1], x, dy, out, *args)
+
+    return pooling_backward
