@@ -27,7 +27,7 @@ from ..frontend.sources import param as gc_param
 from ..frontend.tensor import Tensor, constant
 from ..ir import Graph
 from .dtypes import numpy_dtype
-from .op_table import TABLE, supported_ops
+from .op_table import TABLES, supported_ops
 
 MIN_OPSET = 13
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -135,6 +135,8 @@ class NodeContext:
 
     def attr(self, name: str, default: Any = None) -> Any:
         value = self.attrs.get(name, default)
+        if isinstance(value, list):
+            return [v.decode() if isinstance(v, bytes) else v for v in value]
         return value.decode() if isinstance(value, bytes) else value
 
     def refuse(self, name: str, value: Any, supported: str) -> OnnxError:
@@ -269,7 +271,7 @@ class _Importer:
         return gc_input(info.name, tuple(shape), dtype)
 
     def add(self, node) -> None:
-        row = TABLE.get(node.op_type) if node.domain in _DEFAULT_DOMAINS else None
+        row = TABLES.get(node.domain, {}).get(node.op_type)
         context = NodeContext(self, node)
         if row is None:
             domain = f" of domain {node.domain!r}" if node.domain not in _DEFAULT_DOMAINS else ""

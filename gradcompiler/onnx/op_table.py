@@ -276,6 +276,25 @@ TABLE: dict[str, Row] = {
 }
 
 
+def _gradient(c):
+    """ai.onnx.preview.training's Gradient: d y / d xs through gc.grad (the xs are the
+    node's inputs, y any value of the graph)."""
+    if c.attr("zs"):
+        raise c.refuse("zs", c.attr("zs"), "none: every x is differentiated")
+    xs = [c.importer.tensor(name, c) for name in c.attr("xs")]
+    return gc.grad(c.importer.tensor(c.attr("y"), c), xs)
+
+
+TRAINING_DOMAIN = "ai.onnx.preview.training"
+TABLES: dict[str, dict[str, Row]] = {
+    "": TABLE,
+    "ai.onnx": TABLE,
+    TRAINING_DOMAIN: {"Gradient": Row(_gradient, ("xs", "y", "zs"), foldable=False)},
+}
+
+
 def supported_ops() -> list[str]:
-    """The ONNX op types the importer builds, sorted."""
-    return sorted(TABLE)
+    """The ONNX op types the importer builds, sorted (other domains' with their domain)."""
+    others = [f"{domain}.{op}" for domain, table in TABLES.items() if table is not TABLE
+              for op in table]
+    return sorted(TABLE) + others
