@@ -35,7 +35,7 @@ from .gradcheck import check_grads  # noqa: E402,F401
 from .custom import custom_gradient  # noqa: E402,F401
 from .dot import to_dot  # noqa: E402,F401
 from .compile import cache_info, clear_cache, compile  # noqa: E402,F401,A004
-from .onnx import from_onnx  # noqa: E402,F401
+from .onnx import from_onnx, to_onnx  # noqa: E402,F401
 
 try:  # the installed distribution's version: pyproject.toml is the one place it is written
     __version__ = _metadata.version("gradcompiler")

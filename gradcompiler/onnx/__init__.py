@@ -6,6 +6,7 @@ extra (`pip install gradcompiler[onnx]`); it is imported only when these run.
 
 from __future__ import annotations
 
+from .exporter import to_onnx
 from .importer import ImportedModel, from_onnx
 
-__all__ = ["from_onnx", "ImportedModel"]
+__all__ = ["from_onnx", "to_onnx", "ImportedModel"]

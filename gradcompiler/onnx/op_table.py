@@ -298,3 +298,181 @@ def supported_ops() -> list[str]:
     others = [f"{domain}.{op}" for domain, table in TABLES.items() if table is not TABLE
               for op in table]
     return sorted(TABLE) + others
+
+
+# -- the export direction: gc ops written as ONNX nodes of the table above ----------------
+# Each rule takes the gc node's op, its input value names, its output type and an Emitter
+# (`node(op_type, inputs, **attrs)` returns the new value's name, `const(array)` a
+# constant's); it uses only ONNX op types of TABLE, which a test checks, and a round-trip
+# test imports each exported graph back and compares values.
+
+_SQRT_HALF = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+
+
+def _same(onnx_type: str):
+    return lambda op, ins, out, e: e.node(onnx_type, ins)
+
+
+def _zero(e, out):
+    return e.const(np.zeros((), out.dtype))
+
+
+def _normal_cdf(e, a, dtype):
+    erf = e.node("Erf", [e.node("Mul", [a, e.const(np.array(_SQRT_HALF, dtype))])])
+    half = e.const(np.array(0.5, dtype))
+    return e.node("Mul", [half, e.node("Add", [e.const(np.array(1.0, dtype)), erf])])
+
+
+def _gelu_grad(op, ins, out, e):
+    a, g = ins
+    dtype = out.dtype
+    density = e.node("Mul", [e.const(np.array(_INV_SQRT_2PI, dtype)), e.node("Exp", [e.node(
+        "Mul", [e.const(np.array(-0.5, dtype)), e.node("Mul", [a, a])])])])
+    slope = e.node("Add", [_normal_cdf(e, a, dtype), e.node("Mul", [a, density])])
+    return e.node("Mul", [g, slope])
+
+
+def _one_minus(e, x, dtype):
+    return e.node("Sub", [e.const(np.array(1.0, dtype)), x])
+
+
+ELEMWISE_EXPORTS: dict[str, Callable] = {
+    "ADD": _same("Add"), "SUB": _same("Sub"), "MUL": _same("Mul"), "TRUE_DIV": _same("Div"),
+    "NEGATE": _same("Neg"), "POW": _same("Pow"), "MAX": _same("Max"), "MIN": _same("Min"),
+    "ABS": _same("Abs"), "EXP": _same("Exp"), "LOG": _same("Log"), "SQRT": _same("Sqrt"),
+    "SIN": _same("Sin"), "COS": _same("Cos"), "TANH": _same("Tanh"), "ERF": _same("Erf"),
+    "SIGMOID": _same("Sigmoid"), "RELU": _same("Relu"), "SOFTPLUS": _same("Softplus"),
+    "GELU": _same("Gelu"), "LT": _same("Less"), "LEQ": _same("LessOrEqual"),
+    "EQ": _same("Equal"),
+    "RSQRT": lambda op, ins, out, e: e.node("Reciprocal", [e.node("Sqrt", ins)]),
+    "EXPM1": lambda op, ins, out, e: e.node("Sub", [e.node("Exp", ins),
+                                                     e.const(np.array(1, out.dtype))]),
+    "FUSE_MUL_ADD3": lambda op, ins, out, e: e.node("Add", [e.node("Mul", ins[:2]), ins[2]]),
+    "SWITCH_GT0": lambda op, ins, out, e: e.node("Where", [e.node(
+        "Less", [e.const(np.zeros((), np.dtype(e.dtype_of(ins[0])))), ins[0]]), ins[1],
+        _zero(e, out)]),
+    "COND_LEQ_MOV": lambda op, ins, out, e: e.node("Where", [e.node("LessOrEqual", ins[:2]),
+                                                             ins[2], _zero(e, out)]),
+    "COND_LT_MOV": lambda op, ins, out, e: e.node("Where", [e.node("Less", ins[:2]), ins[2],
+                                                            _zero(e, out)]),
+    "ABS_GRAD": lambda op, ins, out, e: e.node("Where", [e.node(
+        "Less", [_zero(e, out), ins[0]]), ins[1], e.node("Neg", [ins[1]])]),
+    "SIGMOID_GRAD": lambda op, ins, out, e: e.node("Mul", [e.node(
+        "Mul", [ins[0], _one_minus(e, ins[0], out.dtype)]), ins[1]]),
+    "TANH_GRAD": lambda op, ins, out, e: e.node("Mul", [_one_minus(
+        e, e.node("Mul", [ins[0], ins[0]]), out.dtype), ins[1]]),
+    "GELU_GRAD": _gelu_grad,
+    "SOFTPLUS_GRAD": lambda op, ins, out, e: e.node("Mul", [ins[1], e.node("Sigmoid",
+                                                                            [ins[0]])]),
+}
+
+_REDUCE_EXPORTS = {"SUM": "ReduceSum", "MEAN": "ReduceMean", "MAX": "ReduceMax",
+                   "MIN": "ReduceMin", "PRODUCT": "ReduceProd", "SUM_SQR": "ReduceSumSquare"}
+
+
+def _reduce(op, ins, out, e):
+    axes = [] if op.axes is None else [e.const(np.array(op.axes, np.int64))]
+    keepdims = int(op.keepdims) if op.axes is not None else 0
+    return e.node(_REDUCE_EXPORTS[op.mode], ins + axes, keepdims=keepdims)
+
+
+def _reduce_to(op, ins, out, e):
+    from ..ops.reduce import reduce_to_axes
+
+    axes = reduce_to_axes(e.shape_of(ins[0]), tuple(op.shape))
+    total = e.node("ReduceSum", [ins[0], e.const(np.array(axes, np.int64))], keepdims=1)
+    return _reshape_to(e, total, out.shape)
+
+
+def _reshape_to(e, x, shape):
+    return e.node("Reshape", [x, e.const(np.array(shape, np.int64))])
+
+
+def _swapped(e, x, flag):
+    if not flag:
+        return x
+    rank = len(e.shape_of(x))
+    return e.node("Transpose", [x], perm=[*range(rank - 2), rank - 1, rank - 2])
+
+
+def _batched_matmul(op, ins, out, e):
+    return e.node("MatMul", [_swapped(e, ins[0], op.transpose_a),
+                             _swapped(e, ins[1], op.transpose_b)])
+
+
+def _matrix_mul(op, ins, out, e):
+    """MatrixMul's regimes (rows of an N-d A against a 2-D B; two N-d operands flattened to
+    matrices, as weight gradients use) as reshapes around one 2-D MatMul."""
+    from ..ir import TensorType
+
+    types = [TensorType(e.shape_of(x), e.dtype_of(x)) for x in ins]
+    flat = [x if e.shape_of(x) == shape else _reshape_to(e, x, shape)
+            for x, shape in zip(ins, op.matrix_shapes(*types))]
+    for x, shape in zip(flat, op.matrix_shapes(*types)):
+        e.types[x] = (shape, types[0].dtype)
+    product = e.node("MatMul", [_swapped(e, flat[0], op.transpose_a),
+                                _swapped(e, flat[1], op.transpose_b)])
+    return _reshape_to(e, product, out.shape)
+
+
+_INT64_MIN = -(2 ** 63)
+
+
+def _subtensor(op, ins, out, e):
+    from ..ops.indexing import SliceItem
+
+    starts, ends, axes, steps = [], [], [], []
+    for item in op.items:
+        if isinstance(item, SliceItem):
+            end = item.start + item.length * item.step
+            start, stop, step = item.start, end if end >= 0 else _INT64_MIN, item.step
+        else:
+            start, stop, step = item.index, item.index + 1, 1
+        starts.append(start), ends.append(stop), axes.append(item.axis), steps.append(step)
+    sliced = e.node("Slice", [ins[0], *(e.const(np.array(v, np.int64))
+                                        for v in (starts, ends, axes, steps))])
+    return _reshape_to(e, sliced, out.shape)
+
+
+def _along_axis(onnx_type):
+    """IndexingOneHot / IndexingSetOneHot: one index per position along op.axis, as
+    GatherElements / ScatterElements with the index's axis restored."""
+    def emit(op, ins, out, e):
+        index_slot = 1
+        axes = e.const(np.array([op.axis], np.int64))
+        index = e.node("Unsqueeze", [ins[index_slot], axes])
+        index = e.node("Cast", [index], to=7)  # INT64
+        if onnx_type == "GatherElements":
+            return e.node(onnx_type, [ins[0], index], axis=op.axis)
+        return e.node(onnx_type, [ins[0], index, ins[2]], axis=op.axis)
+    return emit
+
+
+def export_key(op) -> str:
+    """The name an op's export rule is filed under: its class, with its mode if it has one."""
+    mode = getattr(op, "mode", None)
+    return f"{type(op).__name__} {mode}" if mode is not None else type(op).__name__
+
+
+EXPORTS: dict[str, Callable] = {
+    **{f"Elemwise {mode}": rule for mode, rule in ELEMWISE_EXPORTS.items()},
+    **{f"Reduce {mode}": _reduce for mode in _REDUCE_EXPORTS},
+    "ReduceTo": _reduce_to,
+    "Where": _same("Where"),
+    "Cast": lambda op, ins, out, e: e.node("Cast", ins, to=e.elem_type(op.dtype)),
+    "StopGradient": _same("Identity"),
+    "FastpathCopy": _same("Identity"),
+    "Broadcast": lambda op, ins, out, e: e.node("Expand", [ins[0], e.const(
+        np.array(op.shape, np.int64))]),
+    "Reshape": lambda op, ins, out, e: _reshape_to(e, ins[0], out.shape),
+    "AddAxis": lambda op, ins, out, e: _reshape_to(e, ins[0], out.shape),
+    "RemoveAxis": lambda op, ins, out, e: _reshape_to(e, ins[0], out.shape),
+    "Transpose": lambda op, ins, out, e: e.node("Transpose", ins, perm=list(op.perm)),
+    "Concat": lambda op, ins, out, e: e.node("Concat", ins, axis=op.axis),
+    "MatrixMul": _matrix_mul,
+    "BatchedMatrixMul": _batched_matmul,
+    "Subtensor": _subtensor,
+    "IndexingOneHot": _along_axis("GatherElements"),
+    "IndexingSetOneHot": _along_axis("ScatterElements"),
+}
