@@ -106,3 +106,10 @@ def test_custom_gradients_give_what_their_backward_defines():
         for g, e in zip(got, expected):
             np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-15)
     assert example.main(verbose=False)["check"].ok
+
+
+def test_onnx_finetune(tmp_path):
+    losses = _example("onnx_finetune").main(steps=30, out=str(tmp_path))
+    assert _fell(losses, 0.5)
+    dot = (tmp_path / "backward.dot").read_text()
+    assert dot.startswith("digraph") and "backward" in dot
