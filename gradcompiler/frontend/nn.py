@@ -19,8 +19,6 @@ from ..ops.indexing import IndexingOneHot
 from ..ops.source import Placeholder
 from .math import (cast, equal, exp, log, maximum, mean, minimum, reduce, rsqrt, stop_gradient,
                    sum, tanh, where)
-from .math import max as reduce_max
-from .math import min as reduce_min
 from .shapes import broadcast_to, reshape, squeeze
 from .tensor import Tensor, apply, reports_user_line, to_operands
 
@@ -192,9 +190,9 @@ def argmax(x: Tensor, axis: int = -1, keepdims: bool = False, last: bool = False
     n = x.shape[axis]
     if n == 0:
         raise ShapeError(f"argmax along the empty axis {axis} of shape {x.shape}", op="argmax")
-    hit = equal(x, stop_gradient(reduce_max(x, axis, keepdims=True)))
+    hit = equal(x, stop_gradient(reduce("MAX", x, axis, keepdims=True)))
     positions = to_operands([x, np.arange(n, dtype=np.int64).reshape(
         [n if d == axis else 1 for d in range(x.ndim)])])[1]
     if last:
-        return reduce_max(where(hit, positions, -1), axis, keepdims)
-    return reduce_min(where(hit, positions, n), axis, keepdims)
+        return reduce("MAX", where(hit, positions, -1), axis, keepdims)
+    return reduce("MIN", where(hit, positions, n), axis, keepdims)

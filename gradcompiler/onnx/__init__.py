@@ -9,4 +9,4 @@ from __future__ import annotations
 from .exporter import to_onnx
 from .importer import ImportedModel, from_onnx
 
-__all__ = ["from_onnx", "to_onnx", "ImportedModel"]
+__all__ = ["ImportedModel", "from_onnx", "to_onnx"]

@@ -14,7 +14,8 @@ with such a model; the other inputs stay inputs.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from onnx.backend.base import Backend, BackendRep

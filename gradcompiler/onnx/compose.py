@@ -8,12 +8,14 @@ the node) and returns the node's outputs.
 
 from __future__ import annotations
 
+import itertools
 import math
 import string
 
 import numpy as np
 
 import gradcompiler as gc
+
 from ..frontend.tensor import Tensor
 
 _INT_MAX = 2 ** 63 - 1
@@ -119,7 +121,7 @@ def split(c):
     if sum(sizes) != n:
         raise c.error(f"split sizes {sizes} do not add up to the axis size {n}")
     offsets = np.cumsum([0, *sizes])
-    return [_along(x, axis, slice(int(a), int(b))) for a, b in zip(offsets[:-1], offsets[1:])]
+    return [_along(x, axis, slice(int(a), int(b))) for a, b in itertools.pairwise(offsets)]
 
 
 def tile(c):
@@ -318,7 +320,7 @@ def _loss_options(c):
     reduction = c.attr("reduction", "mean")
     if reduction not in ("mean", "sum", "none"):
         raise c.refuse("reduction", reduction, "mean, sum, none")
-    return dict(weight=c.opt(2), ignore_index=c.attr("ignore_index"), reduction=reduction)
+    return {"weight": c.opt(2), "ignore_index": c.attr("ignore_index"), "reduction": reduction}
 
 
 def softmax_cross_entropy(c):

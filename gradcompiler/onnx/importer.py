@@ -16,8 +16,9 @@ code never pastes into its source (feeds are passed by position, see the CPU run
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -117,7 +118,7 @@ class NodeContext:
     """One ONNX node as its builder sees it: inputs as Tensors or as values known at import
     time, attributes by name, and errors that name the node."""
 
-    def __init__(self, importer: "_Importer", node) -> None:
+    def __init__(self, importer: _Importer, node) -> None:
         from onnx import helper
 
         self.importer = importer

@@ -11,12 +11,13 @@ does not implement is refused by the builder, naming it: nothing is approximated
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 import gradcompiler as gc
+
 from . import compose
 
 
@@ -516,8 +517,8 @@ def _pool_args(c):
     if c.attr("dilations", [1, 1]) != [1, 1]:
         raise c.refuse("dilations", c.attr("dilations"), "1")
     kernel = tuple(c.attr("kernel_shape"))
-    return dict(kernel_size=kernel, stride=tuple(c.attr("strides", kernel)),
-                padding=_symmetric_pads(c), ceil_mode=bool(c.attr("ceil_mode", 0)))
+    return {"kernel_size": kernel, "stride": tuple(c.attr("strides", kernel)),
+                "padding": _symmetric_pads(c), "ceil_mode": bool(c.attr("ceil_mode", 0))}
 
 
 def _max_pool(c):

@@ -10,7 +10,7 @@ everything else must pass on the reference interpreter and on the compiled CPU t
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 
 from gradcompiler.onnx.op_table import TABLE
 
@@ -38,7 +38,7 @@ EXCLUDED: list[tuple[str, str]] = [
 ]
 
 
-@lru_cache(maxsize=None)
+@cache
 def node_cases() -> dict:
     """ONNX's node test cases (built in memory by the onnx wheel), by name."""
     import warnings
@@ -54,7 +54,7 @@ def model_ops(case) -> set[str]:
     return {node.op_type for node in case.model.graph.node}
 
 
-@lru_cache(maxsize=None)
+@cache
 def supported_cases() -> list[str]:
     """The names of the node tests whose ops are all in the table."""
     return sorted(name for name, case in node_cases().items() if model_ops(case) <= set(TABLE))

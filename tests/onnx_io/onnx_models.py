@@ -5,6 +5,8 @@ around the head split). Weights are initializers; the batch dimension is symboli
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
@@ -23,7 +25,7 @@ def mlp(dtype=np.float64, sizes=(6, 8, 5, 3), seed=0):
     weights = {}
     nodes = []
     h = "x"
-    for k, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for k, (a, b) in enumerate(itertools.pairwise(sizes)):
         weights[f"layer{k}.weight"] = (rng.standard_normal((b, a)) / np.sqrt(a)).astype(dtype)
         weights[f"layer{k}.bias"] = (0.1 * rng.standard_normal(b)).astype(dtype)
         out = f"linear{k}"

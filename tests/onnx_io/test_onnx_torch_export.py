@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
 import pytest
 from oracle import assert_close
 
