@@ -6,12 +6,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint wheel-check fuzz bench bench-peers gpu-check clean
+.PHONY: demo test onnx-test lint wheel-check fuzz bench bench-peers gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,viz,bench,cuda,lint,packaging,examples]'
+	$(PY) -m pip install -q -e '.[test,onnx,viz,bench,cuda,lint,packaging,examples]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -19,6 +19,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest tests
+
+# ONNX's backend node tests of every op of the import table, on the reference interpreter
+# and (all of them, not make test's subset) on the compiled CPU target, with counts per op
+onnx-test: $(STAMP)
+	NUMBA_ENABLE_CUDASIM=1 GRADCOMPILER_ONNX_CONFORMANCE=full $(PY) -m pytest -q \
+		tests/onnx_io/test_onnx_conformance.py tests/onnx_io/test_onnx_gradient_operator.py
 
 # ruff with the rules chosen in pyproject.toml, on the whole tree
 lint: $(STAMP)

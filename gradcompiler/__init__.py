@@ -38,6 +38,7 @@ from .dot import to_dot  # noqa: E402,F401
 from .compile import cache_info, clear_cache, compile  # noqa: E402,F401,A004
 from . import optim  # noqa: E402,F401
 from .training import TrainStep, train_step  # noqa: E402,F401
+from .onnx import from_onnx, to_onnx  # noqa: E402,F401
 
 try:  # the installed distribution's version: pyproject.toml is the one place it is written
     __version__ = _metadata.version("gradcompiler")

@@ -73,3 +73,22 @@ class MemoryBudgetError(GradCompilerError, ValueError):
 
 class BackendUnavailableError(GradCompilerError, RuntimeError):
     """The requested target cannot run here (no GPU and no simulator, say)."""
+
+
+class OnnxError(GradCompilerError, ValueError):
+    """An ONNX model that cannot be imported or a graph that cannot be exported: a file that
+    is not ONNX, a symbolic dimension without a size, a dtype this project lacks, an
+    attribute value the importer does not implement. The message names the node or input."""
+
+
+class UnsupportedOnnxOp(OnnxError, NotImplementedError):
+    """An ONNX op type outside the op table (gradcompiler/onnx/op_table.py)."""
+
+
+class OnnxValueRequired(OnnxError):
+    """A graph input that sets a shape (a Reshape's target, a Slice's bounds) was not given a
+    value at import time; `input_name` names it: pass `values={input_name: array}`."""
+
+    def __init__(self, message: str, input_name: str):
+        super().__init__(message)
+        self.input_name = input_name

@@ -114,3 +114,10 @@ def test_cnn_digits():
     result = _example("cnn_digits").main(epochs=1, verbose=False)
     assert _fell(result["losses"], 0.5)
     assert result["accuracy"] > 0.5
+
+
+def test_onnx_finetune(tmp_path):
+    losses = _example("onnx_finetune").main(steps=30, out=str(tmp_path))
+    assert _fell(losses, 0.5)
+    dot = (tmp_path / "backward.dot").read_text()
+    assert dot.startswith("digraph") and "backward" in dot

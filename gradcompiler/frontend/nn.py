@@ -10,6 +10,8 @@ from __future__ import annotations
 import math as _pymath
 from types import SimpleNamespace
 
+import numpy as np
+
 from ..errors import BuildError, ShapeError
 from ..ir import call_site
 from ..ops.common import normalize_axis
@@ -21,7 +23,7 @@ from .shapes import broadcast_to, reshape, squeeze
 from .tensor import Tensor, apply, reports_user_line, to_operands
 
 __all__ = ["softmax", "log_softmax", "cross_entropy", "nll_loss", "layer_norm", "gelu_tanh", "mse",
-           "clip"]
+           "clip", "argmax"]
 
 
 def _shift(x: Tensor, axis: int) -> Tensor:
@@ -177,3 +179,20 @@ def clip(x: Tensor, lo=None, hi=None) -> Tensor:
         raise BuildError("clip needs lo, hi or both", op="clip")
     x = x if lo is None else maximum(x, lo)
     return x if hi is None else minimum(x, hi)
+
+
+@reports_user_line
+def argmax(x: Tensor, axis: int = -1, keepdims: bool = False, last: bool = False) -> Tensor:
+    """The int64 position of the maximum along `axis`: the first one (numpy's argmax), or
+    the last with `last=True`. Built from a max, a comparison and a min of positions, so
+    it needs no op of its own; it has no gradient (its value is an index)."""
+    axis = normalize_axis(SimpleNamespace(label="argmax"), axis, x.ndim)
+    n = x.shape[axis]
+    if n == 0:
+        raise ShapeError(f"argmax along the empty axis {axis} of shape {x.shape}", op="argmax")
+    hit = equal(x, stop_gradient(reduce("MAX", x, axis, keepdims=True)))
+    positions = to_operands([x, np.arange(n, dtype=np.int64).reshape(
+        [n if d == axis else 1 for d in range(x.ndim)])])[1]
+    if last:
+        return reduce("MAX", where(hit, positions, -1), axis, keepdims)
+    return reduce("MIN", where(hit, positions, n), axis, keepdims)
