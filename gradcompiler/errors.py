@@ -73,3 +73,16 @@ class MemoryBudgetError(GradCompilerError, ValueError):
 
 class BackendUnavailableError(GradCompilerError, RuntimeError):
     """The requested target cannot run here (no GPU and no simulator, say)."""
+
+
+class ShardError(BuildError, ValueError):
+    """A graph or batch that data-parallel training cannot split into shards: feeds that
+    disagree on axis 0, more workers than samples, a node whose shape bakes the batch in."""
+
+
+class WorkerLostError(RunError):
+    """A data-parallel worker died; names the worker and the step it died in."""
+
+
+class ReplicaDivergedError(RunError):
+    """The replicas of a data-parallel trainer no longer hold the same parameters."""

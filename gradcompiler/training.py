@@ -64,8 +64,8 @@ class _OptimizerStep:
         self.optimizer = optimizer
         self.target = target
         self.state_names = list(types)
-        self._types = dict(types)
-        self._params = list(params)
+        self.types = dict(types)
+        self.param_names = list(params)
         self._lr_value: float | None = None
         self._lr = np.zeros((), SCALAR_DTYPE)
         if target == "cuda":
@@ -74,18 +74,18 @@ class _OptimizerStep:
             self._lr = cuda.to_device(self._lr)
 
     def __reduce__(self):
-        return type(self), (self.executable, self.optimizer, self._params, self._types,
+        return type(self), (self.executable, self.optimizer, self.param_names, self.types,
                             self.target)
 
     def init(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """A fresh state: a copy of each parameter's initial value (`values` by name), zeros for
         every optimizer slot, and the step count 0."""
-        missing = sorted(set(self._params) - set(values))
+        missing = sorted(set(self.param_names) - set(values))
         if missing:
             raise FeedError(f"train_step.init: no initial value for parameter(s) {missing}")
         state = {}
-        for name, t in self._types.items():
-            if name not in self._params:
+        for name, t in self.types.items():
+            if name not in self.param_names:
                 state[name] = np.zeros(t.shape, t.dtype)
                 continue
             value = np.asarray(values[name])
@@ -147,13 +147,15 @@ class UpdateStep(_OptimizerStep):
     def __call__(self, state: dict[str, Any], grads: Mapping[str, Any],
                  lr: float | None = None) -> None:
         """Update every array of `state` in place with `grads` (by parameter name)."""
-        missing = sorted(set(self._params) - set(grads))
+        missing = sorted(set(self.param_names) - set(grads))
         if missing:
             raise FeedError(f"update_step: no gradient for parameter(s) {missing}")
-        self._run(state, lr, {_grad_key(name): grads[name] for name in self._params})
+        self._run(state, lr, {_grad_key(name): grads[name] for name in self.param_names})
 
 
-def _checked_params(loss: Tensor, params) -> list[Tensor]:
+def checked_params(loss: Tensor, params) -> list[Tensor]:
+    """`params` (one gc.param Tensor or several) checked as the trainable floats of `loss`'s
+    graph; a list."""
     if not isinstance(loss, Tensor):
         raise GraphError(f"train_step: loss must be a Tensor, got {type(loss).__name__}", site=call_site())
     params = [params] if isinstance(params, Tensor) else list(params)
@@ -174,7 +176,7 @@ def train_step(loss: Tensor, params, optimizer: Optimizer, target: str = "cpu",
     """Compile the training step of the scalar `loss` over `params` (gc.param Tensors) with
     `optimizer` (`gc.optim`) for `target`; `memory_budget` (bytes, or a fraction of the
     default plan's peak) and `compile_options` go to `gc.compile`."""
-    params = _checked_params(loss, params)
+    params = checked_params(loss, params)
     if not isinstance(optimizer, Optimizer):
         raise GraphError(f"train_step: optimizer must be a gc.optim optimizer, got "
                          f"{type(optimizer).__name__}", site=call_site())
