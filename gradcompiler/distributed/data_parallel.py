@@ -30,7 +30,10 @@ worker holds Σ_k (b_k / B)·G_k, the gradient of the mean loss over the whole
 batch; each worker applies the same update to the same state, and the driver
 returns Σ_k (b_k / B)·L_k. The loss must therefore be a mean over the samples
 (gc.mean, cross_entropy's default): a sum, or a division by a Python number
-that stands for the batch size, cannot be told from the graph.
+that stands for the batch size, cannot be told from the graph. For the same
+reason a custom gradient's backward must be linear in its incoming gradient
+(as a VJP is): one that clips it sees each shard's gradient at the 1/b_k scale
+of the shard's mean, not 1/B, and clips other values than one process would.
 
 A worker applies its update inside the ring's last round, which depends on
 every other worker's chunks: if one worker dies, no survivor applies that
