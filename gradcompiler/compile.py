@@ -204,7 +204,7 @@ class _Recipe:
     single: bool
     options: dict[str, Any]
 
-    def compile(self) -> "Executable":
+    def compile(self) -> Executable:
         tensors = [Tensor(self.graph, i) for i in self.outputs]
         return compile(tensors[0] if self.single else tensors, **self.options)
 
@@ -225,7 +225,7 @@ def _portable(graph: Graph) -> Graph:
     return clone
 
 
-def _compiled(recipe: _Recipe) -> "Executable":
+def _compiled(recipe: _Recipe) -> Executable:
     return recipe.compile()
 
 
@@ -447,8 +447,8 @@ def compile(outputs, target: str = "cpu", passes=None, extra_passes=(), debug: b
     peak fits (`gradcompiler.passes.remat`); `MemoryBudgetError` if no plan does.
     """
     require_target(target)
-    options = dict(target=target, passes=passes, extra_passes=extra_passes, debug=debug,
-                   fastmath=fastmath, donate=donate, memory_budget=memory_budget)
+    options = {"target": target, "passes": passes, "extra_passes": extra_passes, "debug": debug,
+               "fastmath": fastmath, "donate": donate, "memory_budget": memory_budget}
     debug = debug or debug_from_env()
     single = isinstance(outputs, Tensor)
     tensors = [outputs] if single else list(outputs)

@@ -5,5 +5,5 @@ Importing this package needs no Ray; building a DataParallel does, and says how 
 it (`pip install 'gradcompiler[distributed]'`) where it is missing.
 """
 
-from .data_parallel import DataParallel, ReplicatedState  # noqa: F401
 from ..errors import ReplicaDivergedError, ShardError, WorkerLostError  # noqa: F401
+from .data_parallel import DataParallel, ReplicatedState  # noqa: F401

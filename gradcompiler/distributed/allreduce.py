@@ -30,7 +30,9 @@ tests, on plain objects.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +61,7 @@ class RingMember:
         """Start reducing `vector` (owned by the member from now on); the chunk of round 0,
         None for a ring of one."""
         bounds = np.linspace(0, vector.size, self.members + 1).round().astype(int)
-        self._vector, self._chunks = vector, [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+        self._vector, self._chunks = vector, [slice(a, b) for a, b in itertools.pairwise(bounds)]
         return self._outgoing(0)
 
     def ring_receive(self, round_: int, chunk: np.ndarray) -> np.ndarray | None:

@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -137,7 +137,7 @@ class ReplicatedState(Mapping):
     """The driver's handle on the replicas' state: keys as `gc.train_step`'s state; reading a
     key fetches it from replica 0 (all are equal)."""
 
-    def __init__(self, trainer: "DataParallel", generation: int):
+    def __init__(self, trainer: DataParallel, generation: int):
         self._trainer, self.generation = trainer, generation
 
     def __getitem__(self, name: str) -> np.ndarray:

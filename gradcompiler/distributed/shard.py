@@ -19,7 +19,9 @@ ShardError naming the node and the user's line.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping
+import itertools
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +79,7 @@ def split_batch(data: Mapping[str, Any], feeds: list[Node], sizes: list[int]) ->
                             f"{names[name].type.shape} (a global batch of {batch})")
     bounds = np.cumsum([0, *sizes])
     return [{name: array[lo:hi] for name, array in arrays.items()}
-            for lo, hi in zip(bounds[:-1], bounds[1:])]
+            for lo, hi in itertools.pairwise(bounds)]
 
 
 def _following(op: Op, batch: int, shard: int) -> Op:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from oracle import assert_close
 
 import gradcompiler as gc
 from gradcompiler.distributed import DataParallel
 from gradcompiler.errors import ReplicaDivergedError, ShardError, WorkerLostError
-from oracle import assert_close
 
 STEPS = 10
 
@@ -63,7 +63,7 @@ def check_equal(dp, state, loss, params, optimizer, dtype, batch, rtol):
 @pytest.fixture(scope="module")
 def trainer64(ray_local):
     """3 workers on a batch of 10: shards of 4, 3 and 3 samples; Adam; checked every 5 steps."""
-    graph, loss, params = build(10, "float64")
+    _graph, loss, params = build(10, "float64")
     dp = DataParallel(loss, params, gc.optim.Adam(0.05), workers=3,
                                      check_every=5)
     yield dp, loss, params
@@ -79,7 +79,7 @@ def test_float64_three_uneven_shards_match_one_process(trainer64):
 
 
 def test_a_corrupted_replica_is_caught_by_the_checksum(trainer64, ray_local):
-    dp, loss, params = trainer64
+    dp, _loss, _params = trainer64
     state = dp.init(initial("float64"))
     data = batches(10, "float64")
     for b in data[:4]:
@@ -107,7 +107,7 @@ def test_bad_batches_and_worker_counts_are_refused(trainer64):
 @pytest.fixture(scope="module")
 def trainer32(ray_local):
     """2 workers on a batch of 7: shards of 4 and 3; SGD with momentum; float32."""
-    graph, loss, params = build(7, "float32")
+    _graph, loss, params = build(7, "float32")
     optimizer = gc.optim.SGD(0.1, momentum=0.9, weight_decay=0.01)
     dp = DataParallel(loss, params, optimizer, workers=2, check_every=3)
     yield dp, loss, params, optimizer

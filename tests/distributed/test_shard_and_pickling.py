@@ -9,12 +9,17 @@ import sys
 
 import numpy as np
 import pytest
+from oracle import assert_close
 
 import gradcompiler as gc
-from gradcompiler.distributed.shard import (batch_size, data_feeds, shard_sizes, specialise,
-                                            split_batch)
+from gradcompiler.distributed.shard import (
+    batch_size,
+    data_feeds,
+    shard_sizes,
+    specialise,
+    split_batch,
+)
 from gradcompiler.errors import BackendUnavailableError, ShardError
-from oracle import assert_close
 
 B = 6
 
@@ -87,11 +92,11 @@ def test_a_reshape_that_bakes_the_batch_in_names_the_node():
 
 
 def test_a_compiled_step_pickles_as_its_graph_and_options(rng):
-    graph, loss, w = build_reshaping(False)
+    _graph, loss, w = build_reshaping(False)
     step = gc.compile([loss, *gc.grad(loss, [w])], fastmath=True)
     copy = pickle.loads(pickle.dumps(step))
     assert copy is not step and copy.recipe.options["fastmath"] is True
-    feeds = dict(x=rng.standard_normal((B, 4)), w=rng.standard_normal(2))
+    feeds = {"x": rng.standard_normal((B, 4)), "w": rng.standard_normal(2)}
     for got, want in zip(copy(**feeds), step(**feeds)):
         assert_close(got, want, rtol=0)
 
@@ -110,7 +115,7 @@ def test_a_train_step_with_a_lambda_custom_gradient_pickles(rng):
     w0 = rng.standard_normal(3)
     states = step.init({"w": w0}), copy.init({"w": w0})
     for _ in range(3):
-        feeds = dict(x=rng.standard_normal((B, 3)), y=rng.standard_normal(B))
+        feeds = {"x": rng.standard_normal((B, 3)), "y": rng.standard_normal(B)}
         assert step(states[0], **feeds) == copy(states[1], **feeds)
     np.testing.assert_array_equal(states[0]["w"], states[1]["w"])
     unpickled = copy.executable.recipe.graph
@@ -123,7 +128,7 @@ def test_a_train_step_with_a_lambda_custom_gradient_pickles(rng):
 def test_without_ray_a_data_parallel_trainer_says_how_to_install_it(monkeypatch):
     from gradcompiler.distributed import DataParallel
 
-    graph, loss, w = build_reshaping(False)
+    _graph, loss, w = build_reshaping(False)
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     with pytest.raises(BackendUnavailableError, match=r"gradcompiler\[distributed\]"):
         DataParallel(loss, [w], gc.optim.SGD(0.1), workers=2)
