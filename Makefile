@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,onnx,viz,bench,cuda,lint,packaging,examples]'
+	$(PY) -m pip install -q -e '.[test,onnx,viz,bench,cuda,lint,packaging,examples,distributed]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -26,10 +26,20 @@ copied into the feed's array after the step, with the same result for the caller
 `donated_in_place` says which outputs were written in place. A donated feed must
 be the caller's own writeable, C-contiguous array of the feed's dtype (on CUDA a
 device array), since it is written.
+
+An Executable pickles as what it was compiled from, the source graph, its
+output ids and the options of `gc.compile`, and unpickling compiles it again:
+buffers and generated code belong to one process, and a process on the same
+machine finds every kernel in the on-disk cache, so it invokes no Numba
+compiler. A custom gradient's backward (a Python callable, perhaps a lambda)
+stays behind: `gc.grad` has already built it into ordinary nodes, and
+`optimize` drops the composite's node before any pass, so compiling needs only
+the nodes. This is how a step reaches another process (`gradcompiler.distributed`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -51,6 +61,7 @@ from .heap import collector_paused
 from .ir import Graph, Node, call_site
 from .kernel import KernelStep, LibraryStep, Program
 from .ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter
+from .ops.custom import CustomGradient
 from .ops.linalg import BatchedMatrixMul, MatrixMul
 from .ops.source import Placeholder
 from .reference import first_non_finite
@@ -216,8 +227,44 @@ def _ensure_planned(graph: Graph, ctx) -> None:
         run_pass(MEMORY, graph, ctx)
 
 
+@dataclass(frozen=True)
+class _Recipe:
+    """What an Executable is compiled from: how it pickles (module docstring)."""
+
+    graph: Graph
+    outputs: tuple[int, ...]
+    single: bool
+    options: dict[str, Any]
+
+    def compile(self) -> Executable:
+        tensors = [Tensor(self.graph, i) for i in self.outputs]
+        return compile(tensors[0] if self.single else tensors, **self.options)
+
+
+def _backward_left_behind(*_args):
+    raise GraphError("this graph was unpickled from a compiled step, whose custom gradients' "
+                     "backward functions stay behind; differentiate the original graph")
+
+
+def _portable(graph: Graph) -> Graph:
+    """A copy of `graph` to pickle: each custom gradient's callable replaced by a module-level
+    stand-in, so that plain `pickle` takes the graph even where the backward is a lambda."""
+    clone = graph.copy()
+    for node in graph.nodes.values():
+        if isinstance(node.op, CustomGradient):
+            op = dataclasses.replace(node.op, backward=_backward_left_behind)
+            clone.nodes[node.id] = dataclasses.replace(node, op=op)
+    return clone
+
+
+def _compiled(recipe: _Recipe) -> Executable:
+    return recipe.compile()
+
+
 class Executable:
     """A compiled step: call it with feeds by name (module docstring)."""
+
+    recipe: _Recipe
 
     def __init__(self, graph: Graph, source_graph: Graph, context, program: Program, build_result,
                  single: bool, timings: dict[str, float]):
@@ -235,6 +282,10 @@ class Executable:
         self._feed_names = set(source_graph.feed_names)
         self.donate = dict(context.donations)
         self.donated_in_place = frozenset(program.in_place)
+
+    def __reduce__(self):
+        recipe = dataclasses.replace(self.recipe, graph=_portable(self.recipe.graph))
+        return _compiled, (recipe,)
 
     @property
     def allocations(self) -> tuple[int, int]:
@@ -436,6 +487,8 @@ def _compile(outputs, target: str, passes, extra_passes, debug: bool,
              fastmath: bool | Sequence[str], donate: Mapping[int, str] | None,
              memory_budget: float | int | None) -> Executable:
     require_target(target)
+    options = {"target": target, "passes": passes, "extra_passes": extra_passes, "debug": debug,
+               "fastmath": fastmath, "donate": donate, "memory_budget": memory_budget}
     debug = debug or debug_from_env()
     single = isinstance(outputs, Tensor)
     tensors = [outputs] if single else list(outputs)
@@ -472,13 +525,17 @@ def _compile(outputs, target: str, passes, extra_passes, debug: bool,
             program, CudaBuildOptions(debug=debug, step_labels=labels, arena_sizes=arena_sizes)))
         timings["codegen+numba"] = time.perf_counter() - start
         _maybe_profile(ctx, timings)
-        return DeviceExecutable(graph, source_graph, ctx, program, result, single, timings)
-    from .backends import numba_cpu  # imports Numba: only when compiling
+        executable = DeviceExecutable(graph, source_graph, ctx, program, result, single, timings)
+    else:
+        from .backends import numba_cpu  # imports Numba: only when compiling
 
-    options = numba_cpu.BuildOptions(fastmath=numba_cpu.fastmath_flags(fastmath), debug=debug,
-                                     parallel_min_points=numba_cpu.PARALLEL_MIN_POINTS,
-                                     arena_sizes=arena_sizes, step_labels=labels)
-    result = _allocating(graph, program, lambda: numba_cpu.build(program, options))
-    timings["codegen+numba"] = time.perf_counter() - start
-    _maybe_profile(ctx, timings)
-    return Executable(graph, source_graph, ctx, program, result, single, timings)
+        build_options = numba_cpu.BuildOptions(fastmath=numba_cpu.fastmath_flags(fastmath),
+                                             debug=debug,
+                                             parallel_min_points=numba_cpu.PARALLEL_MIN_POINTS,
+                                             arena_sizes=arena_sizes, step_labels=labels)
+        result = _allocating(graph, program, lambda: numba_cpu.build(program, build_options))
+        timings["codegen+numba"] = time.perf_counter() - start
+        _maybe_profile(ctx, timings)
+        executable = Executable(graph, source_graph, ctx, program, result, single, timings)
+    executable.recipe = _Recipe(source_graph, tuple(t.id for t in tensors), single, options)
+    return executable

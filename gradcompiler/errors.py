@@ -92,3 +92,16 @@ class OnnxValueRequired(OnnxError):
     def __init__(self, message: str, input_name: str):
         super().__init__(message)
         self.input_name = input_name
+
+
+class ShardError(BuildError, ValueError):
+    """A graph or batch that data-parallel training cannot split into shards: feeds that
+    disagree on axis 0, more workers than samples, a node whose shape bakes the batch in."""
+
+
+class WorkerLostError(RunError):
+    """A data-parallel worker died; names the worker and the step it died in."""
+
+
+class ReplicaDivergedError(RunError):
+    """The replicas of a data-parallel trainer no longer hold the same parameters."""

@@ -16,6 +16,13 @@ nothing; `state` holds the same arrays before and after.
 
 On target "cuda" `init` puts the state on the device and it stays there; a
 step copies only the batch up and the loss down.
+
+`update_step(param types, optimizer)` compiles the update alone, fed the
+gradients by name: the half of a step that runs after gradients computed
+elsewhere are combined (data-parallel training sums every shard's before one
+update, `gradcompiler.distributed`). A TrainStep or UpdateStep pickles as its
+executable (`gradcompiler.compile`: the graph and the options travel, the
+receiving process compiles) and the optimizer; a state is plain arrays.
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ from .api import grad
 from .compile import compile as compile_step
 from .errors import FeedError, GraphError
 from .frontend.sources import input as feed
+from .frontend.sources import param
 from .frontend.tensor import Tensor
-from .ir import call_site
+from .ir import Graph, TensorType, call_site
 from .optim import SCALAR_DTYPE, Optimizer, UpdateInputs
 
 STEP = "step"
@@ -40,9 +48,15 @@ def _slot_key(param: str, slot: str) -> str:
     return f"{param}.{slot}"
 
 
-class TrainStep:
-    """A compiled training step (module docstring). `executable` is the `gc.compile` result,
-    with its report, DOT dump and memory plan; `state_names` the keys of a state."""
+def _grad_key(param: str) -> str:
+    """The feed of a parameter's gradient in an update step."""
+    return f"{param}.grad"
+
+
+class _OptimizerStep:
+    """What a training step and an update step share: the state (parameters, optimizer slots,
+    step count) they own and update in place, and the learning rate as a feed. Both pickle as
+    their executable (which compiles again where it is unpickled) and their description."""
 
     def __init__(self, executable, optimizer: Optimizer, params: Sequence[str],
                  types: Mapping[str, Any], target: str):
@@ -50,8 +64,8 @@ class TrainStep:
         self.optimizer = optimizer
         self.target = target
         self.state_names = list(types)
-        self._types = dict(types)
-        self._params = list(params)
+        self.types = dict(types)
+        self.param_names = list(params)
         self._lr_value: float | None = None
         self._lr = np.zeros((), SCALAR_DTYPE)
         if target == "cuda":
@@ -59,15 +73,19 @@ class TrainStep:
 
             self._lr = cuda.to_device(self._lr)
 
+    def __reduce__(self):
+        return type(self), (self.executable, self.optimizer, self.param_names, self.types,
+                            self.target)
+
     def init(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """A fresh state: a copy of each parameter's initial value (`values` by name), zeros for
         every optimizer slot, and the step count 0."""
-        missing = sorted(set(self._params) - set(values))
+        missing = sorted(set(self.param_names) - set(values))
         if missing:
             raise FeedError(f"train_step.init: no initial value for parameter(s) {missing}")
         state = {}
-        for name, t in self._types.items():
-            if name not in self._params:
+        for name, t in self.types.items():
+            if name not in self.param_names:
                 state[name] = np.zeros(t.shape, t.dtype)
                 continue
             value = np.asarray(values[name])
@@ -80,20 +98,14 @@ class TrainStep:
             state = {name: cuda.to_device(value) for name, value in state.items()}
         return state
 
-    def __call__(self, state: dict[str, Any], lr: float | None = None, **data: Any) -> float:
-        """One step on the batch `data`; every array of `state` is updated in place; the loss
-        (computed with the parameters before the update)."""
-        clash = sorted(set(data) & set(self.state_names) | ({LR} & set(data)))
-        if clash:
-            raise FeedError(f"train_step: {clash} are state (or lr= for the learning rate), "
-                            "not data of the batch")
+    def _run(self, state: dict[str, Any], lr: float | None, feeds: Mapping[str, Any]):
+        """The executable's outputs on `feeds` and the state; every state array updated."""
         missing = sorted(set(self.state_names) - set(state))
         if missing:
             raise FeedError(f"train_step: the state lacks {missing}; make it with step.init(values)")
         self._set_lr(self.optimizer.lr if lr is None else float(lr))
-        feeds = {**data, **{name: state[name] for name in self.state_names}, LR: self._lr}
-        loss = self.executable(feeds)[0]
-        return float(loss.copy_to_host() if self.target == "cuda" else loss)
+        return self.executable({**feeds, **{name: state[name] for name in self.state_names},
+                                LR: self._lr})
 
     def _set_lr(self, lr: float) -> None:
         """The lr feed's array, written only when the value changes (on the device: one copy)."""
@@ -112,7 +124,38 @@ class TrainStep:
         return self.executable.to_dot(path, stage)
 
 
-def _checked_params(loss: Tensor, params) -> list[Tensor]:
+class TrainStep(_OptimizerStep):
+    """A compiled training step (module docstring). `executable` is the `gc.compile` result,
+    with its report, DOT dump and memory plan; `state_names` the keys of a state."""
+
+    def __call__(self, state: dict[str, Any], lr: float | None = None, **data: Any) -> float:
+        """One step on the batch `data`; every array of `state` is updated in place; the loss
+        (computed with the parameters before the update)."""
+        clash = sorted(set(data) & set(self.state_names) | ({LR} & set(data)))
+        if clash:
+            raise FeedError(f"train_step: {clash} are state (or lr= for the learning rate), "
+                            "not data of the batch")
+        loss = self._run(state, lr, data)[0]
+        return float(loss.copy_to_host() if self.target == "cuda" else loss)
+
+
+class UpdateStep(_OptimizerStep):
+    """The optimizer's update alone (`update_step`): the second half of a training step, for
+    callers that compute the gradients elsewhere, as data-parallel training sums every
+    shard's gradients before one update."""
+
+    def __call__(self, state: dict[str, Any], grads: Mapping[str, Any],
+                 lr: float | None = None) -> None:
+        """Update every array of `state` in place with `grads` (by parameter name)."""
+        missing = sorted(set(self.param_names) - set(grads))
+        if missing:
+            raise FeedError(f"update_step: no gradient for parameter(s) {missing}")
+        self._run(state, lr, {_grad_key(name): grads[name] for name in self.param_names})
+
+
+def checked_params(loss: Tensor, params) -> list[Tensor]:
+    """`params` (one gc.param Tensor or several) checked as the trainable floats of `loss`'s
+    graph; a list."""
     if not isinstance(loss, Tensor):
         raise GraphError(f"train_step: loss must be a Tensor, got {type(loss).__name__}", site=call_site())
     params = [params] if isinstance(params, Tensor) else list(params)
@@ -133,7 +176,7 @@ def train_step(loss: Tensor, params, optimizer: Optimizer, target: str = "cpu",
     """Compile the training step of the scalar `loss` over `params` (gc.param Tensors) with
     `optimizer` (`gc.optim`) for `target`; `memory_budget` (bytes, or a fraction of the
     default plan's peak) and `compile_options` go to `gc.compile`."""
-    params = _checked_params(loss, params)
+    params = checked_params(loss, params)
     if not isinstance(optimizer, Optimizer):
         raise GraphError(f"train_step: optimizer must be a gc.optim optimizer, got "
                          f"{type(optimizer).__name__}", site=call_site())
@@ -141,27 +184,57 @@ def train_step(loss: Tensor, params, optimizer: Optimizer, target: str = "cpu",
     loss = Tensor(graph, loss.id)
     params = [Tensor(graph, p.id) for p in params]
     names = [p.node.name for p in params]
-    taken = sorted({STEP, LR, *(_slot_key(n, s) for n in names for s in optimizer.slot_names)}
-                   & set(graph.feed_names))
+    taken = sorted(set(_state_feeds(names, optimizer)) & set(graph.feed_names))
     if taken:
         raise GraphError(f"train_step: the feed name(s) {taken} are the training state's; rename "
                          "those inputs", site=call_site())
     grads = grad(loss, params)
+    executable, types = _compiled_update(graph, dict(zip(names, params)), dict(zip(names, grads)),
+                                         optimizer, [loss], target=target,
+                                         memory_budget=memory_budget, **compile_options)
+    return TrainStep(executable, optimizer, names, types, target)
+
+
+def _state_feeds(names: Sequence[str], optimizer: Optimizer) -> list[str]:
+    """The feeds an update adds for parameters `names`: lr, the step count, every slot."""
+    return [STEP, LR, *(_slot_key(n, s) for n in names for s in optimizer.slot_names)]
+
+
+def _compiled_update(graph, params: Mapping[str, Tensor], grads: Mapping[str, Tensor],
+                     optimizer: Optimizer, outputs: list[Tensor], **compile_options: Any):
+    """Compile `outputs` and `optimizer`'s update of `params` from `grads` (nodes of `graph`),
+    each new value donated to the feed it replaces; (executable, state types by name)."""
+    names = list(params)
     with graph, graph.building("backward"):
         lr, count = feed(LR, (), SCALAR_DTYPE), feed(STEP, (), SCALAR_DTYPE)
         slots = {n: {s: feed(_slot_key(n, s), p.shape, p.dtype) for s in optimizer.slot_names}
-                 for n, p in zip(names, params)}
+                 for n, p in params.items()}
         step_number = count + 1.0
-        new = optimizer.update(dict(zip(names, params)), dict(zip(names, grads)),
-                               UpdateInputs(lr, step_number, slots))
-    outputs, donate = [loss], {}
+        new = optimizer.update(dict(params), dict(grads), UpdateInputs(lr, step_number, slots))
+    outputs, donate = list(outputs), {}
     for name in names:
         for key, value in [(name, new[name]["param"]),
                            *((_slot_key(name, s), new[name][s]) for s in optimizer.slot_names),
                            *([(STEP, step_number)] if name == names[-1] else [])]:
             donate[len(outputs)] = key
             outputs.append(value)
-    executable = compile_step(outputs, target=target, donate=donate, memory_budget=memory_budget,
-                              **compile_options)
+    executable = compile_step(outputs, donate=donate, **compile_options)
     types = {key: graph[graph.feed_names[key]].type for key in donate.values()}
-    return TrainStep(executable, optimizer, names, types, target)
+    return executable, types
+
+
+def update_step(params: Mapping[str, TensorType], optimizer: Optimizer, target: str = "cpu",
+                **compile_options: Any) -> UpdateStep:
+    """Compile `optimizer`'s update alone for parameters of the given types (by name): a
+    state as `gc.train_step`'s, updated in place from gradients passed by name."""
+    if not isinstance(optimizer, Optimizer):
+        raise GraphError(f"update_step: optimizer must be a gc.optim optimizer, got "
+                         f"{type(optimizer).__name__}", site=call_site())
+    if not params:
+        raise GraphError("update_step: no parameters to update", site=call_site())
+    with Graph("update") as graph:
+        tensors = {name: param(name, t.shape, t.dtype) for name, t in params.items()}
+        grads = {name: feed(_grad_key(name), t.shape, t.dtype) for name, t in params.items()}
+    executable, types = _compiled_update(graph, tensors, grads, optimizer, [], target=target,
+                                         **compile_options)
+    return UpdateStep(executable, optimizer, list(params), types, target)
