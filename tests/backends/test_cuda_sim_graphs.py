@@ -166,8 +166,8 @@ def _warp_jvp(rng):
         mat, aff = gc.param("mat", (3, 3, 3)), gc.param("aff", (2, 2, 3))
         persp = gc.warp_perspective(src, mat, (4, 3), idx, "reflect", 0.3, "NHWC")
         affine = gc.warp_affine(src, aff, (3, 5), "constant", -0.2)
-        tangents = gc.jvp([gc.tanh(persp), affine], [mat, aff],
-                          [rng.standard_normal(s).astype(np.float32) for s in ((3, 3, 3), (2, 2, 3))])
+        directions = [rng.standard_normal(s).astype(np.float32) for s in ((3, 3, 3), (2, 2, 3))]
+        tangents = gc.jvp([gc.tanh(persp), affine], [mat, aff], directions)
     mats = np.array([[[1.1, 0.1, -0.7], [0.05, 0.9, 0.6], [0.01, -0.02, 1.0]]] * 3, np.float32)
     mats[1:] += 0.05 * rng.standard_normal((2, 3, 3)).astype(np.float32)
     feeds = dict(src=rng.standard_normal((2, 5, 6, 2)).astype(np.float32), mat=mats,

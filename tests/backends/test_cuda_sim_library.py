@@ -340,7 +340,8 @@ def test_warp_tangent_mat_matches_reference_and_is_backward_mats_transpose(warp_
 def test_warp_tangent_mat_nhwc_with_mat_idx(warp_case, f32):
     src, mat, _ = warp_case
     src = src.transpose(0, 2, 3, 1).copy()
-    mat3, mat_idx, v = np.concatenate([mat, mat[:1] * 1.02]), np.array([1, 0, 1], np.int32), f32(3, 3, 3)
+    mat3, mat_idx = np.concatenate([mat, mat[:1] * 1.02]), np.array([1, 0, 1], np.int32)
+    v = f32(3, 3, 3)
     op = WarpPerspectiveTangentMat((3, 7), "reflect", 0.0, "NHWC")
     assert_close(run_library_op(op, src, mat3, mat_idx, v), op.reference(src, mat3, mat_idx, v))
     with pytest.raises(IndexOutOfRangeError, match=r"mat_idx value 2 is outside \[0, 2\)"):

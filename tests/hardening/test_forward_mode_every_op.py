@@ -110,7 +110,8 @@ def test_jvp_along_a_warp_matrix(border, kind):
         else:
             m, idx = gc.param("mat", (3, 3, 3), "float64"), gc.input("idx", (3,), "int32")
             out = gc.warp_perspective(src, m, (4, 3), idx, border, 0.4, "NHWC")
-            feeds = dict(mat=np.concatenate([mat, mat[:1] + 0.02]), idx=np.array([1, 0, 1], np.int32))
+            feeds = dict(mat=np.concatenate([mat, mat[:1] + 0.02]),
+                         idx=np.array([1, 0, 1], np.int32))
     feeds["src"] = rng.standard_normal((2, 5, 6, 2))
     for wrt in ([m], [src, m]):
         assert check_forward_mode(FuzzCase(graph, [out * out], wrt, feeds, ["warp"]))

@@ -273,7 +273,8 @@ def test_the_recipes_reach_every_op():
 
     def record(case):
         gc.grad(sum(o.sum() for o in case.outputs), case.wrt)
-        gc.jvp(case.outputs, case.wrt, [rng.standard_normal(w.shape).astype(w.dtype) for w in case.wrt])
+        directions = [rng.standard_normal(w.shape).astype(w.dtype) for w in case.wrt]
+        gc.jvp(case.outputs, case.wrt, directions)
         for node in case.graph.nodes.values():
             seen.add(type(node.op).__name__)
 

@@ -110,7 +110,8 @@ def _kernels(dtype: np.dtype, nhwc: bool, block: int):
         v01 = tap_value(src, img, ch, r0, c1, r0_ok and c1_ok, border_val)
         v10 = tap_value(src, img, ch, r1, c0, r1_ok and c0_ok, border_val)
         v11 = tap_value(src, img, ch, r1, c1, r1_ok and c1_ok, border_val)
-        return (one - ay) * (v01 - v00) + ay * (v11 - v10), (one - ax) * (v10 - v00) + ax * (v11 - v01)
+        d_x = (one - ay) * (v01 - v00) + ay * (v11 - v10)
+        return d_x, (one - ax) * (v10 - v00) + ax * (v11 - v01)
 
     @cuda.jit(device=True)
     def coordinate_partials(d_xs, d_ys, oh, ow, xs, ys, den):
