@@ -17,10 +17,11 @@ gradient op, has one.
 
 A backward that is not linear in its cotangent, such as a user's custom
 gradient that clips, would make J·v read a stand-in; that is checked and
-refused, naming the composite, rather than evaluated at u = 0. An op whose
-backward op has no gradient wrt its cotangent has no JVP either: today that is
-a perspective warp's matrix (WarpPerspectiveBackwardMat has no rule), refused
-with the rule's own message.
+refused, naming the composite, rather than evaluated at u = 0. The method
+needs every backward op to have a gradient wrt its cotangent input; each has
+one (a warp's matrix goes through WarpPerspectiveBackwardMat, whose transpose
+is WarpPerspectiveTangentMat), and a rule that raised NotDifferentiableError
+here would be reported with its own message.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Image warps: WarpPerspective, WarpAffine and the two backward ops of the
-perspective warp (op-reference §9).
+"""Image warps: WarpPerspective, WarpAffine, the two backward ops of the
+perspective warp (op-reference §9) and the forward-mode product along its
+matrix, WarpPerspectiveTangentMat (docs/op-reference.md).
 
-All four share one sampling model (§9.2): the matrix maps *output* pixel
+All five share one sampling model (§9.2): the matrix maps *output* pixel
 coordinates to *source* coordinates (an inverse map, no half-pixel offset),
 the four integer taps around the source point are mapped through the border
 mode one by one, and the result is their bilinear blend. `_sample` computes
@@ -23,7 +24,10 @@ The backward ops take the source *shape* (BackwardData) or the source value
 (BackwardMat) explicitly, so a backward graph reads exactly what its formula
 needs. BackwardData is the exact adjoint of the forward for a fixed matrix
 (scatter-add with `np.add.at`); BackwardMat follows §9.5 term by term and
-skips every non-finite term, as MegEngine's kernel does.
+skips every non-finite term, as MegEngine's kernel does. TangentMat sums
+the very same terms (`_mat_terms`) over the matrix entries instead of over
+the pixels, so it is BackwardMat's exact adjoint: the transpose that forward
+mode and a gradient of BackwardMat need.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ class _Tap(NamedTuple):
 
 
 class _Sampling(NamedTuple):
-    """Everything the three references need about where each output pixel samples."""
+    """Everything the references need about where each output pixel samples."""
 
     xs: np.ndarray      # (N, OH, OW) source column; 0 where `bad`
     ys: np.ndarray      # source row; 0 where `bad`
@@ -155,6 +159,35 @@ def warp_forward(op: Op, src: np.ndarray, mat: np.ndarray, mat_idx: np.ndarray |
     if op.border_mode == "constant":
         out = np.where(np.isfinite(out), out, op.border_val)
     return _from_channels_last(out.astype(src.dtype), op.format)
+
+
+def _mat_terms(op: Op, src: np.ndarray, mat: np.ndarray, mat_idx: np.ndarray | None,
+               out_hw: tuple[int, int], weights):
+    """For k = 0..8, the (N, OH, OW, C) terms w_k · (∂out/∂xs · ∂xs/∂m_k + ∂out/∂ys · ∂ys/∂m_k)
+    of §9.5, with every non-finite term (and every pixel with bad coordinates) zeroed.
+
+    `weights[k]` broadcasts against (N, OH, OW, C): g for BackwardMat (the same for every
+    k), v's entry k for TangentMat. Both ops sum these same terms, one over the pixels and
+    the other over k, which is what makes them each other's exact adjoint.
+    """
+    src_hwc = _channels_last(src, op.format)
+    image = _image_index(op, mat_idx, mat.shape[0], src.shape[0])
+    s = _sample(mat, src_hwc.shape[1:3], out_hw, op.border_mode)
+    v00, v01, v10, v11 = (_tap_values(src_hwc, image, t, op.border_val) for t in s.taps)
+    ax, ay = s.alpha_x[..., None], s.alpha_y[..., None]
+    d_out_dx = (1 - ay) * (v01 - v00) + ay * (v11 - v10)
+    d_out_dy = (1 - ax) * (v10 - v00) + ax * (v11 - v01)
+    oh = np.arange(out_hw[0], dtype=mat.dtype)[None, :, None]
+    ow = np.arange(out_hw[1], dtype=mat.dtype)[None, None, :]
+    zero = np.zeros_like(s.xs)
+    with np.errstate(over="ignore"):
+        d_xs = [ow, oh, 1, zero, zero, zero, -ow * s.xs, -oh * s.xs, -s.xs]  # ∂xs/∂m · den
+        d_ys = [zero, zero, zero, ow, oh, 1, -ow * s.ys, -oh * s.ys, -s.ys]  # ∂ys/∂m · den
+    for k in range(9):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            w_dx, w_dy = weights[k] * d_out_dx, weights[k] * d_out_dy
+            term = w_dx * (d_xs[k] / s.den)[..., None] + w_dy * (d_ys[k] / s.den)[..., None]
+        yield np.where(np.isfinite(term) & ~s.bad[..., None], term, 0)
 
 
 # -- op parameter checks ------------------------------------------------------------------------
@@ -288,7 +321,7 @@ class WarpAffine(_WarpChecks, Op):
 
 
 def split_backward_inputs(inputs: tuple, with_src: bool) -> tuple:
-    """(src?, mat, mat_idx or None, g) from a backward op's 2-4 inputs.
+    """(src?, mat, mat_idx or None, g) from a backward (or tangent) op's 2-4 inputs.
 
     mat_idx is optional in the middle of the input list; the references and
     both backends' kernels unpack it here so they agree on the order.
@@ -371,22 +404,48 @@ class WarpPerspectiveBackwardMat(_WarpChecks, Op):
 
     def reference(self, *arrays):
         src, mat, mat_idx, g = split_backward_inputs(arrays, with_src=True)
-        src_hwc, g_hwc = _channels_last(src, self.format), _channels_last(g, self.format)
-        image = _image_index(self, mat_idx, mat.shape[0], src.shape[0])
-        s = _sample(mat, src_hwc.shape[1:3], g_hwc.shape[1:3], self.border_mode)
-        v00, v01, v10, v11 = (_tap_values(src_hwc, image, t, self.border_val) for t in s.taps)
-        ax, ay = s.alpha_x[..., None], s.alpha_y[..., None]
-        g_dx = g_hwc * ((1 - ay) * (v01 - v00) + ay * (v11 - v10))  # g · ∂out/∂xs
-        g_dy = g_hwc * ((1 - ax) * (v10 - v00) + ax * (v11 - v01))  # g · ∂out/∂ys
-        oh = np.arange(g_hwc.shape[1], dtype=mat.dtype)[None, :, None]
-        ow = np.arange(g_hwc.shape[2], dtype=mat.dtype)[None, None, :]
-        zero = np.zeros_like(s.xs)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            d_xs = [ow, oh, 1, zero, zero, zero, -ow * s.xs, -oh * s.xs, -s.xs]  # ∂xs/∂m · den
-            d_ys = [zero, zero, zero, ow, oh, 1, -ow * s.ys, -oh * s.ys, -s.ys]  # ∂ys/∂m · den
-            grad = np.empty((mat.shape[0], 9), mat.dtype)
-            for k in range(9):
-                term = (g_dx * (d_xs[k] / s.den)[..., None] + g_dy * (d_ys[k] / s.den)[..., None])
-                term = np.where(np.isfinite(term) & ~s.bad[..., None], term, 0)
-                grad[:, k] = term.sum(axis=(1, 2, 3))
+        g_hwc = _channels_last(g, self.format)
+        grad = np.empty((mat.shape[0], 9), mat.dtype)
+        terms = _mat_terms(self, src, mat, mat_idx, g_hwc.shape[1:3], (g_hwc,) * 9)
+        for k, term in enumerate(terms):
+            grad[:, k] = term.sum(axis=(1, 2, 3))
         return grad.reshape(-1, 3, 3)
+
+
+@dataclass(frozen=True)
+class WarpPerspectiveTangentMat(_WarpChecks, Op):
+    """d out / d mat along v: inputs (src, mat, [mat_idx], v (N,3,3)) → the warp's output shape.
+
+    The directional derivative Σ_k ∂out/∂m_k · v_k of WarpPerspective(src, mat)
+    per output pixel, with the terms of §9.5 and the same skipped non-finite
+    terms, so it is the exact adjoint of WarpPerspectiveBackwardMat:
+    ⟨BackwardMat(src, mat, g), v⟩ = ⟨g, TangentMat(src, mat, v)⟩. That is what
+    makes forward mode (and a gradient of BackwardMat wrt g) reach a warp's
+    matrix. `out_shape` is a parameter because nothing in the inputs has it.
+    """
+
+    out_shape: tuple[int, int]
+    border_mode: str = "replicate"
+    border_val: float = 0.0
+    format: str = "NCHW"
+
+    kind = "library"
+    input_counts = (3, 4)
+
+    def infer(self, *inputs: TensorType) -> TensorType:
+        self.check_params()
+        oh, ow = _check_out_shape(self, self.out_shape)
+        src, mat, mat_idx, v = split_backward_inputs(inputs, with_src=True)
+        n_src, c, _, _ = self.check_image(src, "src")
+        dtype = same_dtype(self, src, mat, v)
+        n = self.check_mat(mat, 3)
+        self.check_mat_idx(mat_idx, n, n_src)
+        if v.shape != mat.shape:
+            raise self.shape_error(f"v must have mat's shape {mat.shape}, got {v.shape}")
+        return TensorType(_image_shape(self.format, n, c, oh, ow), dtype)
+
+    def reference(self, *arrays):
+        src, mat, mat_idx, v = split_backward_inputs(arrays, with_src=True)
+        weights = v.reshape(-1, 9).T[:, :, None, None, None]  # v's entry k per matrix
+        terms = _mat_terms(self, src, mat, mat_idx, self.out_shape, weights)
+        return _from_channels_last(sum(terms).astype(src.dtype), self.format)

@@ -10,9 +10,17 @@
   (reads mat and mat_idx), BackwardMat for mat (reads src, mat, mat_idx).
 * WarpPerspectiveBackwardData is linear in g and the adjoint of the forward
   for a fixed matrix, so its gradient wrt g is the forward warp with
-  border_val 0 (§9.4). Its gradient wrt mat, and any gradient of
-  WarpPerspectiveBackwardMat, is not implemented: asking for one raises
-  NotDifferentiableError.
+  border_val 0 (§9.4).
+* WarpPerspectiveBackwardMat is linear in g, and WarpPerspectiveTangentMat
+  (the warp's directional derivative along a matrix tangent v) is its exact
+  adjoint, so each one's gradient wrt its last input is the other applied to
+  the cotangent, with the same border mode and border_val (border_val is
+  part of the image being differentiated here, not a constant term). These
+  two rules are what gives forward mode (`gc.jvp`, which transposes the
+  backward) a path along a warp's matrix.
+* The gradients of these three wrt src or mat would be second derivatives of
+  the sampling wrt the matrix; they are not implemented, and asking for one
+  raises NotDifferentiableError.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from ..ops.vision import (
     WarpPerspective,
     WarpPerspectiveBackwardData,
     WarpPerspectiveBackwardMat,
+    WarpPerspectiveTangentMat,
 )
 from .registry import grad_rule
 
@@ -37,7 +46,8 @@ def _border(op) -> dict:
 
 def _not_differentiable(node, what: str) -> NotDifferentiableError:
     return NotDifferentiableError(
-        f"the gradient {what} of {node.op.describe()} is not implemented (no grad of a warp grad)",
+        f"the gradient {what} of {node.op.describe()} is not implemented "
+        "(a second derivative of the sampling)",
         op=node.op.label, site=node.node.site)
 
 
@@ -77,15 +87,42 @@ def warp_backward_data_rule(node, g, needs_grad):
     if needs_grad[0]:
         raise _not_differentiable(node, "wrt mat")
     mat, *rest = node.inputs
-    g_type = node.input_types[-1]
-    out_hw = g_type.shape[2:] if node.op.format == "NCHW" else g_type.shape[1:3]
-    forward = WarpPerspective(tuple(out_hw), node.op.border_mode, 0.0, node.op.format)
+    out_hw = _out_hw(node.op, node.input_types[-1])
+    forward = WarpPerspective(out_hw, node.op.border_mode, 0.0, node.op.format)
     grads = [None] * len(node.inputs)
     if needs_grad[-1]:
         grads[-1] = apply(forward, g, mat, *rest[:-1])
     return grads
 
 
+def _refuse_src_and_mat(node, needs_grad) -> None:
+    for slot, what in ((0, "wrt src"), (1, "wrt mat")):
+        if needs_grad[slot]:
+            raise _not_differentiable(node, what)
+
+
+def _out_hw(op, image_type) -> tuple[int, int]:
+    return tuple(image_type.shape[2:] if op.format == "NCHW" else image_type.shape[1:3])
+
+
 @grad_rule(WarpPerspectiveBackwardMat)
-def warp_backward_mat_rule(node, g, needs_grad):
-    raise _not_differentiable(node, "of any input")
+def warp_backward_mat_rule(node, h, needs_grad):
+    """d g = TangentMat(src, mat, [mat_idx], h): the adjoint of a map linear in g."""
+    _refuse_src_and_mat(node, needs_grad)
+    src, mat, *rest = node.inputs
+    tangent = WarpPerspectiveTangentMat(_out_hw(node.op, node.input_types[-1]), **_border(node.op))
+    grads = [None] * len(node.inputs)
+    if needs_grad[-1]:
+        grads[-1] = apply(tangent, src, mat, *rest[:-1], h)
+    return grads
+
+
+@grad_rule(WarpPerspectiveTangentMat)
+def warp_tangent_mat_rule(node, h, needs_grad):
+    """d v = BackwardMat(src, mat, [mat_idx], h): the adjoint of a map linear in v."""
+    _refuse_src_and_mat(node, needs_grad)
+    src, mat, *rest = node.inputs
+    grads = [None] * len(node.inputs)
+    if needs_grad[-1]:
+        grads[-1] = apply(WarpPerspectiveBackwardMat(**_border(node.op)), src, mat, *rest[:-1], h)
+    return grads

@@ -159,6 +159,22 @@ def _warp_case(mode: str, fmt: str) -> Callable:
     return build
 
 
+def _warp_jvp(rng):
+    """Forward mode along both warps' matrices: the transposed BackwardMat is TangentMat."""
+    with gc.Graph("warp_jvp"):
+        src, idx = gc.input("src", (2, 5, 6, 2)), gc.input("idx", (3,), "int32")
+        mat, aff = gc.param("mat", (3, 3, 3)), gc.param("aff", (2, 2, 3))
+        persp = gc.warp_perspective(src, mat, (4, 3), idx, "reflect", 0.3, "NHWC")
+        affine = gc.warp_affine(src, aff, (3, 5), "constant", -0.2)
+        directions = [rng.standard_normal(s).astype(np.float32) for s in ((3, 3, 3), (2, 2, 3))]
+        tangents = gc.jvp([gc.tanh(persp), affine], [mat, aff], directions)
+    mats = np.array([[[1.1, 0.1, -0.7], [0.05, 0.9, 0.6], [0.01, -0.02, 1.0]]] * 3, np.float32)
+    mats[1:] += 0.05 * rng.standard_normal((2, 3, 3)).astype(np.float32)
+    feeds = dict(src=rng.standard_normal((2, 5, 6, 2)).astype(np.float32), mat=mats,
+                 idx=np.array([1, 0, 1], np.int32), aff=np.ascontiguousarray(mats[:2, :2] + 0.3))
+    return [*tangents, persp], feeds
+
+
 @gc.custom_gradient
 def _silu(x):
     """x·sigmoid(x) with its backward written by hand, residuals x and sigmoid(x)."""
@@ -197,7 +213,7 @@ def _cnn(rng):
 
 
 CASES: dict[str, Callable] = {
-    "custom_gradient": _custom_gradient,
+    "custom_gradient": _custom_gradient, "warp_jvp": _warp_jvp,
     "elementwise": _elementwise, "reductions": _reductions, "shapes": _shapes, "indexing": _indexing,
     "matmul": _matmul, "warp_replicate": _warp_case("replicate", "NCHW"),
     "warp_constant_nhwc": _warp_case("constant", "NHWC"), "warp_reflect": _warp_case("reflect", "NCHW"),

@@ -37,7 +37,8 @@ from gradcompiler.ops.linalg import BatchedMatrixMul, MatrixMul  # noqa: E402
 from gradcompiler.ops.reduce import Reduce, ReduceTo  # noqa: E402
 from gradcompiler.ops.shape import Concat  # noqa: E402
 from gradcompiler.ops.vision import (BORDER_MODES, WarpAffine, WarpPerspective,  # noqa: E402
-                                     WarpPerspectiveBackwardData, WarpPerspectiveBackwardMat)
+                                     WarpPerspectiveBackwardData, WarpPerspectiveBackwardMat,
+                                     WarpPerspectiveTangentMat)
 
 GRID_STRIDE = LaunchConfig(block=8, max_blocks=1, reduce_block=4, tile=2, column_chunks=3)
 """One block per launch: every grid-stride loop must go round more than once."""
@@ -323,6 +324,28 @@ def test_warp_backward_mat_partial_sums_over_several_blocks(warp_case):
     op = WarpPerspectiveBackwardMat("reflect_101", 0.0)
     assert_close(run_library_op(op, src, mat, g, config=LaunchConfig(block=4, max_blocks=3, reduce_block=2)),
                  op.reference(src, mat, g))
+
+
+@pytest.mark.parametrize("mode", BORDER_MODES)
+def test_warp_tangent_mat_matches_reference_and_is_backward_mats_transpose(warp_case, f32, mode):
+    src, mat, g = warp_case
+    v = f32(2, 3, 3)
+    op = WarpPerspectiveTangentMat((4, 5), mode, 0.3)
+    got = run_library_op(op, src, mat, v, config=GRID_STRIDE)
+    assert_close(got, op.reference(src, mat, v))
+    back = run_library_op(WarpPerspectiveBackwardMat(mode, 0.3), src, mat, g)
+    np.testing.assert_allclose(np.vdot(g, got), np.vdot(back, v), rtol=1e-4)
+
+
+def test_warp_tangent_mat_nhwc_with_mat_idx(warp_case, f32):
+    src, mat, _ = warp_case
+    src = src.transpose(0, 2, 3, 1).copy()
+    mat3, mat_idx = np.concatenate([mat, mat[:1] * 1.02]), np.array([1, 0, 1], np.int32)
+    v = f32(3, 3, 3)
+    op = WarpPerspectiveTangentMat((3, 7), "reflect", 0.0, "NHWC")
+    assert_close(run_library_op(op, src, mat3, mat_idx, v), op.reference(src, mat3, mat_idx, v))
+    with pytest.raises(IndexOutOfRangeError, match=r"mat_idx value 2 is outside \[0, 2\)"):
+        run_library_op(op, src, mat3, np.array([0, 2, 1], np.int32), v)
 
 
 def test_warp_mat_idx_picks_source_images_and_is_checked(warp_case):

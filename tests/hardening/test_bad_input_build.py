@@ -33,7 +33,11 @@ from gradcompiler.ops.conv import ConvolutionBackwardData, ConvolutionBackwardFi
 from gradcompiler.ops.elemwise import StopGradient
 from gradcompiler.ops.pool import Pooling, PoolingBackward
 from gradcompiler.ops.shape import FastpathCopy
-from gradcompiler.ops.vision import WarpPerspectiveBackwardData, WarpPerspectiveBackwardMat
+from gradcompiler.ops.vision import (
+    WarpPerspectiveBackwardData,
+    WarpPerspectiveBackwardMat,
+    WarpPerspectiveTangentMat,
+)
 
 HERE = os.path.abspath(__file__)
 
@@ -185,6 +189,11 @@ BAD_BUILDS = [
     Bad("WarpPerspectiveBackwardMat", ShapeError,
         lambda t: gc.apply(WarpPerspectiveBackwardMat(), t.nchw, t.m33, t.g),
         ("(1, 3, 2, 2)", "2 channels")),
+    Bad("WarpPerspectiveTangentMat", ShapeError,
+        lambda t: gc.apply(WarpPerspectiveTangentMat((2, 2)), t.nchw, t.m33, t.m23),
+        ("v must have mat's shape (1, 3, 3)", "(1, 2, 3)")),
+    Bad("WarpPerspectiveTangentMat", ShapeError,
+        lambda t: gc.apply(WarpPerspectiveTangentMat((0, 2)), t.nchw, t.m33, t.m33), ("(0, 2)",)),
     Bad("CustomGradient identity", GraphError,
         lambda t: gc.apply(CustomGradient(_identity_backward, "identity", 1, 0), t.x),
         ("1 arguments, 0 residuals and the forward value", "got 1 inputs")),

@@ -20,7 +20,6 @@ from hypothesis import given, settings
 import gradcompiler as gc
 from gradcompiler.frontend.tensor import Tensor
 from gradcompiler.gradcheck import as_float64
-from gradcompiler.ops.vision import WarpAffine, WarpPerspective
 from graph_strategies import RECIPES, FuzzCase, fuzz_cases
 from helpers import break_elemwise_rule
 
@@ -45,18 +44,9 @@ def _directional_difference(outputs, wrt, feeds, tangents, eps=1e-6):
     return [(p - m) / (2 * h) for p, m in zip(gc.evaluate(outputs, plus), gc.evaluate(outputs, minus))]
 
 
-def _reaches_a_warp_matrix(graph, param: Tensor) -> bool:
-    """Whether `param` flows into the matrix of a warp: forward mode along a warp's matrix
-    is the one direction without a JVP (its backward op has no rule of its own), pinned by
-    test_jvp_along_a_warp_matrix_is_refused_clearly."""
-    matrices = [n.inputs[1] for n in graph.nodes.values() if isinstance(n.op, (WarpAffine, WarpPerspective))]
-    return bool(matrices) and param.id in graph.ancestors(matrices)
-
-
 def check_forward_mode(case) -> bool:
     """Check the case; False when none of its params has a forward direction to check."""
     outputs, wrt, feeds = _widened(case)
-    wrt = [w for w in wrt if not _reaches_a_warp_matrix(w.graph, w)]
     if not wrt:
         return False
     rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
@@ -102,14 +92,29 @@ def test_jvp_of_mixed_graphs(case):
     check_forward_mode(case)
 
 
-def test_jvp_along_a_warp_matrix_is_refused_clearly():
-    with gc.Graph("warp"):
-        src = gc.param("src", (1, 1, 4, 4), "float64")
-        mat = gc.param("mat", (1, 2, 3), "float64")
-        out = gc.warp_affine(src, mat, (4, 4))
-    assert gc.jvp(out, src, np.ones((1, 1, 4, 4))).shape == out.shape  # the image: fine
-    with pytest.raises(gc.NotDifferentiableError, match="jvp transposes the backward.*WarpPerspectiveBackwardMat"):
-        gc.jvp(out, mat, np.ones((1, 2, 3)))
+@pytest.mark.parametrize("border", ["replicate", "constant", "wrap"])
+@pytest.mark.parametrize("kind", ["affine", "perspective"])
+def test_jvp_along_a_warp_matrix(border, kind):
+    """The direction the fuzz recipes reach only when they draw the matrix, pinned: along the
+    matrix alone and together with the image (mat_idx for the perspective warp). The
+    matrices sample off integer coordinates, where the warp is smooth."""
+    rng = np.random.default_rng(5)
+    mat = np.array([[[0.93, 0.11, 0.41], [-0.06, 1.08, 0.37], [0.012, -0.009, 1.03]],
+                    [[1.07, -0.13, -0.62], [0.04, 0.91, 0.29], [-0.015, 0.011, 0.98]]])
+    with gc.Graph("warp_jvp") as graph:
+        src = gc.param("src", (2, 5, 6, 2), "float64")
+        if kind == "affine":
+            m = gc.param("mat", (2, 2, 3), "float64")
+            out = gc.warp_affine(src, m, (4, 3), border, 0.4)
+            feeds = dict(mat=mat[:, :2])
+        else:
+            m, idx = gc.param("mat", (3, 3, 3), "float64"), gc.input("idx", (3,), "int32")
+            out = gc.warp_perspective(src, m, (4, 3), idx, border, 0.4, "NHWC")
+            feeds = dict(mat=np.concatenate([mat, mat[:1] + 0.02]),
+                         idx=np.array([1, 0, 1], np.int32))
+    feeds["src"] = rng.standard_normal((2, 5, 6, 2))
+    for wrt in ([m], [src, m]):
+        assert check_forward_mode(FuzzCase(graph, [out * out], wrt, feeds, ["warp"]))
 
 
 def _tanh_case() -> FuzzCase:

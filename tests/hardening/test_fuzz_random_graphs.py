@@ -263,13 +263,18 @@ def test_non_finite_feeds_give_the_reference_nan_and_inf(target):
 
 
 def test_the_recipes_reach_every_op():
-    """The strategy really covers the IR: every op class appears in some case or in its
-    gradient, and the recipes draw every Elemwise mode (a new mode must join them). The
-    examples are derandomized, so coverage is a fixed property of the strategy, not luck."""
+    """The strategy really covers the IR: every op class appears in some case, in its
+    gradient or in its JVP (forward mode transposes the backward, so it builds the
+    transposes of the backward ops: WarpPerspectiveTangentMat), and the recipes draw every
+    Elemwise mode (a new mode must join them). The examples are derandomized, so coverage
+    is a fixed property of the strategy, not luck."""
     seen: set[str] = set()
+    rng = np.random.default_rng(0)
 
     def record(case):
         gc.grad(sum(o.sum() for o in case.outputs), case.wrt)
+        directions = [rng.standard_normal(w.shape).astype(w.dtype) for w in case.wrt]
+        gc.jvp(case.outputs, case.wrt, directions)
         for node in case.graph.nodes.values():
             seen.add(type(node.op).__name__)
 

@@ -1,5 +1,6 @@
 """Gradients of the warp family against float64 finite differences (`gc.check_grads`),
-what the rules capture, and the gradients that are not implemented.
+what the rules capture, the rules of the backward ops (second order), and the gradients that
+are not implemented.
 
 The warps are piecewise bilinear in the sample coordinates, so every matrix
 here keeps its sample points away from integer coordinates (`assert_smooth`):
@@ -17,6 +18,7 @@ from gradcompiler.ops.vision import (
     WarpPerspective,
     WarpPerspectiveBackwardData,
     WarpPerspectiveBackwardMat,
+    WarpPerspectiveTangentMat,
 )
 
 MODES = ("replicate", "reflect", "reflect_101", "wrap", "constant")
@@ -173,22 +175,71 @@ def test_backward_data_wrt_mat_is_not_differentiable():
     assert isinstance(info.value, NotImplementedError)
 
 
-def test_backward_mat_is_not_differentiable():
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("with_idx", [False, True])
+def test_backward_mat_and_tangent_mat_grads_wrt_their_last_input(rng, mode, with_idx):
+    """BackwardMat is linear in g and TangentMat in v; each one's rule builds the other."""
+    mat = PERSPECTIVE if with_idx else PERSPECTIVE[:2]
+    assert_smooth(mat, (4, 7))
+    n = mat.shape[0]
+    feeds = dict(src=rng.standard_normal((2, 5, 6, 3)), mat=mat,
+                 g=rng.standard_normal((n, 4, 7, 3)), v=rng.standard_normal((n, 3, 3)))
+    with gc.Graph("linear_parts") as graph:
+        s, m = gc.input("src", (2, 5, 6, 3), F64), gc.input("mat", mat.shape, F64)
+        g, v = gc.input("g", (n, 4, 7, 3), F64), gc.input("v", (n, 3, 3), F64)
+        extra = ()
+        if with_idx:
+            extra = (gc.input("idx", (3,), "int32"),)
+            feeds["idx"] = np.array([1, 1, 0], np.int32)
+        back = gc.apply(WarpPerspectiveBackwardMat(mode, 0.9, "NHWC"), s, m, *extra, g)
+        tangent = gc.apply(WarpPerspectiveTangentMat((4, 7), mode, 0.9, "NHWC"), s, m, *extra, v)
+        gc.grad((back * back).sum() + (tangent * tangent).sum(), [g, v])
+    built = {k: {graph[i].op.name for i in backward_nodes_of(graph, x.id)} - {"Elemwise"}
+             for k, x in (("back", back), ("tangent", tangent))}  # (Elemwise: back · back)
+    assert built == dict(back={"WarpPerspectiveTangentMat"}, tangent={"WarpPerspectiveBackwardMat"})
+    gc.check_grads(back, [g], feeds, rtol=1e-6)
+    gc.check_grads(tangent, [v], feeds, rtol=1e-6)
+    gc.verify(graph)
+
+
+@pytest.mark.parametrize("op", [WarpPerspectiveBackwardMat(), WarpPerspectiveTangentMat((4, 7))])
+def test_backward_mat_and_tangent_mat_wrt_src_or_mat_are_not_differentiable(op):
     with gc.Graph("nd_mat"):
         s, m = gc.input("src", (2, 3, 5, 6), F64), gc.input("mat", (2, 3, 3), F64)
-        g = gc.input("g", (2, 3, 4, 7), F64)
-        back = gc.apply(WarpPerspectiveBackwardMat(), s, m, g)
-        for wrt in (s, m, g):
-            with pytest.raises(gc.NotDifferentiableError, match="WarpPerspectiveBackwardMat"):
-                gc.grad(back.sum(), [wrt])
+        last = gc.input("g", (2, 3, 4, 7), F64) if op.name.endswith("BackwardMat") else \
+            gc.input("v", (2, 3, 3), F64)
+        out = gc.apply(op, s, m, last)
+        for wrt, what in ((s, "wrt src"), (m, "wrt mat")):
+            with pytest.raises(gc.NotDifferentiableError, match=f"gradient {what} of {op.name}"):
+                gc.grad(out.sum(), [wrt, last])
 
 
 def test_second_order_wrt_mat_is_not_implemented():
+    """A Hessian wrt the matrix needs BackwardMat's gradient wrt mat: still refused, named."""
     with gc.Graph("nd_second"):
         src, m = gc.input("src", (1, 5, 6, 1), F64), gc.input("mat", (1, 2, 3), F64)
         loss = (gc.warp_affine(src, m, (4, 7)) ** 2).sum()
-        with pytest.raises(gc.NotDifferentiableError, match="WarpPerspectiveBackwardMat"):
+        refused = "wrt mat of WarpPerspectiveBackwardMat"
+        with pytest.raises(gc.NotDifferentiableError, match=refused):
             gc.check_grads(loss, [m], dict(src=np.ones((1, 5, 6, 1)), mat=AFFINE[:1]), order=2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_second_order_through_the_matrix_gradient_wrt_its_cotangent(rng, mode):
+    """A penalty on a warp's matrix gradient, differentiated twice wrt the weights that form
+    that gradient's cotangent: the second sweep runs the BackwardMat rule (→ TangentMat) and
+    the TangentMat rule (→ BackwardMat)."""
+    assert_smooth(PERSPECTIVE[:2], (4, 7))
+    with gc.Graph("penalty") as graph:
+        src, m = gc.input("src", (2, 3, 5, 6), F64), gc.input("mat", (2, 3, 3), F64)
+        w = gc.param("w", (2, 3, 4, 7), F64)
+        y = gc.warp_perspective(src, m, (4, 7), border_mode=mode, border_val=0.6)
+        dmat, = gc.grad((y * gc.tanh(w)).sum(), [m])
+        penalty = (dmat * dmat).sum()
+    feeds = dict(src=rng.standard_normal((2, 3, 5, 6)), mat=PERSPECTIVE[:2],
+                 w=rng.standard_normal((2, 3, 4, 7)))
+    gc.check_grads(penalty, [w], feeds, order=2, rtol=1e-6)
+    gc.verify(graph)
 
 
 def test_forward_warp_rule_is_generic_and_gives_mat_idx_no_gradient():

@@ -1,7 +1,8 @@
-"""Bilinear image warps: WarpPerspective, WarpAffine and the two backward ops of the
-perspective warp (op-reference §9), for NCHW and NHWC and all five border modes.
+"""Bilinear image warps: WarpPerspective, WarpAffine, the two backward ops of the
+perspective warp and its tangent along the matrix (op-reference §9), for NCHW and NHWC
+and all five border modes.
 
-One sampling model serves all four (§9.2, `_sample`): the source point of
+One sampling model serves all five (§9.2, `_sample`): the source point of
 each output pixel is computed in the matrix's dtype with the reference's
 operation order, so both pick the same taps; the weights and sums are
 float64. Images are read and written as flat C-order buffers with explicit
@@ -19,6 +20,10 @@ to compile the three loops).
   the same pixel and sums are deterministic.
 * BackwardMat: parallel over matrices, float64 sums of the §9.5 terms,
   skipping every non-finite term as MegEngine's kernel does.
+* TangentMat (BackwardMat's transpose, for forward mode): parallel over
+  output rows; each pixel sums the same terms over the nine matrix entries
+  in float64, with the same skips. `_slopes` and `_coordinate_partials`
+  are the per-pixel pieces both loops share.
 
 Non-finite source coordinates (den = 0): in CONSTANT mode the pixel is
 border_val with no gradient, in the other modes NaN with no gradient, as
@@ -37,6 +42,7 @@ from ...ops.vision import (
     WarpPerspective,
     WarpPerspectiveBackwardData,
     WarpPerspectiveBackwardMat,
+    WarpPerspectiveTangentMat,
     split_backward_inputs,
 )
 from .library import LibraryKernel, ParallelLoop, index_error, library_kernel
@@ -163,11 +169,28 @@ def _backward_data_loop(gradient, mats, order, starts, coords, upstream, mode):
                             grad[np.uint64(k + r1 * sh + c1 * sw)] += w11 * value
 
 
+@njit(inline="always", cache=True, error_model="numpy")
+def _coordinate_partials(fx, fy, xs, ys, den):
+    """(∂xs/∂m, ∂ys/∂m): the nine partials of the source point wrt the matrix (§9.5)."""
+    d_xs = (fx / den, fy / den, 1 / den, 0.0, 0.0, 0.0, -fx * xs / den, -fy * xs / den, -xs / den)
+    d_ys = (0.0, 0.0, 0.0, fx / den, fy / den, 1 / den, -fx * ys / den, -fy * ys / den, -ys / den)
+    return d_xs, d_ys
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _slopes(src, k, p00, p01, p10, p11, ok00, ok01, ok10, ok11, border_val, ax, ay):
+    """(∂out/∂xs, ∂out/∂ys) of one channel (offset `k`) at a pixel with these taps, float64."""
+    v00 = np.float64(src[np.uint64(p00 + k)]) if ok00 else border_val
+    v01 = np.float64(src[np.uint64(p01 + k)]) if ok01 else border_val
+    v10 = np.float64(src[np.uint64(p10 + k)]) if ok10 else border_val
+    v11 = np.float64(src[np.uint64(p11 + k)]) if ok11 else border_val
+    return (1 - ay) * (v01 - v00) + ay * (v11 - v10), (1 - ax) * (v10 - v00) + ax * (v11 - v01)
+
+
 @njit(cache=True, error_model="numpy")
 def _add_finite_terms(total, g_dx, g_dy, fx, fy, xs, ys, den):
     """total[j] += g_dx·∂xs/∂m_j + g_dy·∂ys/∂m_j for each j whose term is finite."""
-    d_xs = (fx / den, fy / den, 1 / den, 0.0, 0.0, 0.0, -fx * xs / den, -fy * xs / den, -xs / den)
-    d_ys = (0.0, 0.0, 0.0, fx / den, fy / den, 1 / den, -fx * ys / den, -fy * ys / den, -ys / den)
+    d_xs, d_ys = _coordinate_partials(fx, fy, xs, ys, den)
     for j in range(9):
         term = g_dx * d_xs[j] + g_dy * d_ys[j]
         if math.isfinite(term):
@@ -200,14 +223,11 @@ def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val,
                 p10, p11 = base + r1 * sh + c0 * sw, base + r1 * sh + c1 * sw
                 sum_dx = sum_dy = 0.0
                 for c in range(channels):
-                    k = c * sc
-                    v00 = np.float64(src[np.uint64(p00 + k)]) if ok00 else border_val
-                    v01 = np.float64(src[np.uint64(p01 + k)]) if ok01 else border_val
-                    v10 = np.float64(src[np.uint64(p10 + k)]) if ok10 else border_val
-                    v11 = np.float64(src[np.uint64(p11 + k)]) if ok11 else border_val
+                    d_x, d_y = _slopes(src, c * sc, p00, p01, p10, p11, ok00, ok01, ok10, ok11,
+                                       border_val, ax, ay)
                     value = np.float64(g[np.uint64(n * gn + c * gc + oh * gh + ow * gw)])
-                    g_dx = value * ((1 - ay) * (v01 - v00) + ay * (v11 - v10))  # g · ∂out/∂xs
-                    g_dy = value * ((1 - ax) * (v10 - v00) + ax * (v11 - v01))  # g · ∂out/∂ys
+                    g_dx = value * d_x  # g · ∂out/∂xs
+                    g_dy = value * d_y  # g · ∂out/∂ys
                     partials_bound = inv * (fx + fy + 1) * (1 + abs(xs) + abs(ys))
                     if math.isfinite(g_dx + g_dy + partials_bound):   # NaN or inf anywhere
                         sum_dx += g_dx
@@ -227,6 +247,41 @@ def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val,
                 total[8] += c_
         for j in range(9):
             out[n, j] = total[j]
+
+
+@ParallelLoop
+def _tangent_mat_loop(source, mats, images, coords, tangents, mode, border_val, target):
+    """out = Σ_j v_j·(∂out/∂xs·∂xs/∂m_j + ∂out/∂ys·∂ys/∂m_j) per pixel and channel, skipping
+    the non-finite terms as BackwardMat does (it is that loop's transpose); 0 where the
+    coordinates are not finite. Parallel over output rows."""
+    src, (sn, sc, sh, sw), channels, in_h, in_w = source
+    out, (on, oc, oh_stride, ow_stride), _, out_h, out_w = target
+    for row in prange(mats.shape[0] * out_h):
+        n = np.int64(row) // out_h         # (the prange index is unsigned: keep integer division)
+        oh = np.int64(row) - n * out_h
+        m = mats[n]
+        v = tangents[n]
+        base = images[n] * sn
+        fy = np.float64(coords[oh])
+        for ow in range(out_w):
+            finite, xs, ys, den, ax, ay, r0, r1, c0, c1, ok00, ok01, ok10, ok11 = _sample(
+                m, coords[ow], coords[oh], coords[1], in_h, in_w, mode)
+            fx = np.float64(coords[ow])
+            d_xs, d_ys = _coordinate_partials(fx, fy, xs, ys, den)
+            p00, p01 = base + r0 * sh + c0 * sw, base + r0 * sh + c1 * sw
+            p10, p11 = base + r1 * sh + c0 * sw, base + r1 * sh + c1 * sw
+            pixel = n * on + oh * oh_stride + ow * ow_stride
+            for c in range(channels):
+                total = 0.0
+                if finite:
+                    d_x, d_y = _slopes(src, c * sc, p00, p01, p10, p11, ok00, ok01, ok10, ok11,
+                                       border_val, ax, ay)
+                    for j in range(9):
+                        weight = np.float64(v[j])
+                        term = weight * d_x * d_xs[j] + weight * d_y * d_ys[j]
+                        if math.isfinite(term):
+                            total += term
+                out[np.uint64(pixel + c * oc)] = total
 
 
 # -- the ops -----------------------------------------------------------------------------------
@@ -323,3 +378,16 @@ def _warp_backward_mat(op: WarpPerspectiveBackwardMat) -> LibraryKernel:
                            out.reshape(-1, 9))
 
     return warp_backward_mat
+
+
+@library_kernel.register
+def _warp_tangent_mat(op: WarpPerspectiveTangentMat) -> LibraryKernel:
+    def warp_tangent_mat(*inputs, out):
+        src, mat, mat_idx, v = split_backward_inputs(inputs, with_src=True)
+        images = _images(op, mat_idx, mat.shape[0], src.shape[0])
+        target = _image(op.format, out)
+        _tangent_mat_loop(out.size, _image(op.format, src), _rows(mat), images,
+                          _coords(target, mat.dtype), _rows(v), _MODE_CODES[op.border_mode],
+                          float(op.border_val), target)
+
+    return warp_tangent_mat

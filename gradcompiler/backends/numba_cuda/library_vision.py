@@ -1,7 +1,8 @@
 """Image warps on the GPU (op-reference §9): WarpPerspective and WarpAffine
-forward, WarpPerspectiveBackwardData (the adjoint, scattered with atomics)
-and WarpPerspectiveBackwardMat (per-block partial sums, then one pass over
-the partials).
+forward, WarpPerspectiveBackwardData (the adjoint, scattered with atomics),
+WarpPerspectiveBackwardMat (per-block partial sums, then one pass over
+the partials) and its transpose WarpPerspectiveTangentMat (one thread per
+output pixel summing the nine matrix terms, as the forward does).
 
 One thread owns one output pixel (n, oh, ow) and loops over the channels,
 so the sampling (source point, bilinear weights, four border-mapped taps)
@@ -25,7 +26,8 @@ from numba import cuda, from_dtype
 
 from ...ir import Op, TensorType
 from ...ops.vision import (BORDER_MODES, _image_dims as image_dims, WarpAffine, WarpPerspective, WarpPerspectiveBackwardData,
-                           WarpPerspectiveBackwardMat, split_backward_inputs)
+                           WarpPerspectiveBackwardMat, WarpPerspectiveTangentMat,
+                           split_backward_inputs)
 from .device import IndexSpec, LaunchConfig, checked_indices, device_constant, fill, to_device
 from .library import Launcher, cuda_library_kernel
 
@@ -54,7 +56,8 @@ def border_index(p, length, mode):
 
 @functools.cache
 def _kernels(dtype: np.dtype, nhwc: bool, block: int):
-    """Forward, BackwardData, BackwardMat (stage one) kernels for images of `dtype` in one format."""
+    """Forward, BackwardData, BackwardMat (stage one) and TangentMat kernels for images of
+    `dtype` in one format."""
     real = from_dtype(dtype)
     exact_integers = real(2.0 ** (np.finfo(dtype).nmant + 1))  # above this every float is an integer
 
@@ -98,6 +101,31 @@ def _kernels(dtype: np.dtype, nhwc: bool, block: int):
     @cuda.jit(device=True)
     def tap_value(src, img, ch, r, c, valid, border_val):
         return src[at(img, ch, r, c)] if valid else border_val
+
+    @cuda.jit(device=True)
+    def slopes(src, img, ch, r0, r1, c0, c1, r0_ok, r1_ok, c0_ok, c1_ok, border_val, ax, ay):
+        """(∂out/∂xs, ∂out/∂ys) of channel `ch` at a pixel with these taps (§9.5)."""
+        one = real(1)
+        v00 = tap_value(src, img, ch, r0, c0, r0_ok and c0_ok, border_val)
+        v01 = tap_value(src, img, ch, r0, c1, r0_ok and c1_ok, border_val)
+        v10 = tap_value(src, img, ch, r1, c0, r1_ok and c0_ok, border_val)
+        v11 = tap_value(src, img, ch, r1, c1, r1_ok and c1_ok, border_val)
+        d_x = (one - ay) * (v01 - v00) + ay * (v11 - v10)
+        return d_x, (one - ax) * (v10 - v00) + ax * (v11 - v01)
+
+    @cuda.jit(device=True)
+    def coordinate_partials(d_xs, d_ys, oh, ow, xs, ys, den):
+        """∂xs/∂m and ∂ys/∂m (§9.5) into the local arrays, divided as the reference divides."""
+        fw = real(ow)
+        fh = real(oh)
+        one = real(1)
+        zero = real(0)
+        d_xs[0], d_xs[1], d_xs[2] = fw / den, fh / den, one / den
+        d_xs[3], d_xs[4], d_xs[5] = zero / den, zero / den, zero / den
+        d_xs[6], d_xs[7], d_xs[8] = (-fw * xs) / den, (-fh * xs) / den, (-xs) / den
+        d_ys[0], d_ys[1], d_ys[2] = zero / den, zero / den, zero / den
+        d_ys[3], d_ys[4], d_ys[5] = fw / den, fh / den, one / den
+        d_ys[6], d_ys[7], d_ys[8] = (-fw * ys) / den, (-fh * ys) / den, (-ys) / den
 
     @cuda.jit
     def forward(src, mat, image, out, perspective, mode, border_val):
@@ -157,8 +185,6 @@ def _kernels(dtype: np.dtype, nhwc: bool, block: int):
         t = cuda.threadIdx.x
         n_out, channels, out_h, out_w = dims(g)
         _, _, in_h, in_w = dims(src)
-        one = real(1)
-        zero = real(0)
         for n in range(cuda.blockIdx.y, n_out, cuda.gridDim.y):
             for k in range(9):
                 acc[k] = 0
@@ -170,23 +196,13 @@ def _kernels(dtype: np.dtype, nhwc: bool, block: int):
                 if bad:
                     continue
                 ax, ay, r0, r1, c0, c1, r0_ok, r1_ok, c0_ok, c1_ok = taps(xs, ys, in_h, in_w, mode)
-                fw = real(ow)
-                fh = real(oh)
-                # ∂xs/∂m and ∂ys/∂m (§9.5), divided as the reference divides
-                d_xs[0], d_xs[1], d_xs[2] = fw / den, fh / den, one / den
-                d_xs[3], d_xs[4], d_xs[5] = zero / den, zero / den, zero / den
-                d_xs[6], d_xs[7], d_xs[8] = (-fw * xs) / den, (-fh * xs) / den, (-xs) / den
-                d_ys[0], d_ys[1], d_ys[2] = zero / den, zero / den, zero / den
-                d_ys[3], d_ys[4], d_ys[5] = fw / den, fh / den, one / den
-                d_ys[6], d_ys[7], d_ys[8] = (-fw * ys) / den, (-fh * ys) / den, (-ys) / den
+                coordinate_partials(d_xs, d_ys, oh, ow, xs, ys, den)
                 for ch in range(channels):
-                    v00 = tap_value(src, img, ch, r0, c0, r0_ok and c0_ok, border_val)
-                    v01 = tap_value(src, img, ch, r0, c1, r0_ok and c1_ok, border_val)
-                    v10 = tap_value(src, img, ch, r1, c0, r1_ok and c0_ok, border_val)
-                    v11 = tap_value(src, img, ch, r1, c1, r1_ok and c1_ok, border_val)
+                    d_x, d_y = slopes(src, img, ch, r0, r1, c0, c1, r0_ok, r1_ok, c0_ok, c1_ok,
+                                      border_val, ax, ay)
                     upstream = g[at(n, ch, oh, ow)]
-                    g_dx = upstream * ((one - ay) * (v01 - v00) + ay * (v11 - v10))
-                    g_dy = upstream * ((one - ax) * (v10 - v00) + ax * (v11 - v01))
+                    g_dx = upstream * d_x
+                    g_dy = upstream * d_y
                     for k in range(9):
                         term = g_dx * d_xs[k] + g_dy * d_ys[k]
                         if math.isfinite(term):
@@ -206,7 +222,38 @@ def _kernels(dtype: np.dtype, nhwc: bool, block: int):
                     partials[n, cuda.blockIdx.x, k] = terms[k, 0]
             cuda.syncthreads()
 
-    return forward, backward_data, backward_mat_partials
+    @cuda.jit
+    def tangent_mat(src, mat, image, v, out, mode, border_val):
+        """out = Σ_k v_k·(∂out/∂xs·∂xs/∂m_k + ∂out/∂ys·∂ys/∂m_k), one thread per output pixel,
+        with backward_mat_partials' terms and skips (it is that kernel's transpose)."""
+        d_xs = cuda.local.array(9, real)
+        d_ys = cuda.local.array(9, real)
+        n_out, channels, out_h, out_w = dims(out)
+        _, _, in_h, in_w = dims(src)
+        for pixel in range(cuda.grid(1), n_out * out_h * out_w, cuda.gridsize(1)):
+            n = pixel // (out_h * out_w)
+            oh = pixel // out_w % out_h
+            ow = pixel % out_w
+            xs, ys, den, bad = source_point(mat, n, oh, ow, True)
+            if bad:
+                for ch in range(channels):
+                    out[at(n, ch, oh, ow)] = real(0)
+                continue
+            ax, ay, r0, r1, c0, c1, r0_ok, r1_ok, c0_ok, c1_ok = taps(xs, ys, in_h, in_w, mode)
+            coordinate_partials(d_xs, d_ys, oh, ow, xs, ys, den)
+            img = image[n]
+            for ch in range(channels):
+                d_x, d_y = slopes(src, img, ch, r0, r1, c0, c1, r0_ok, r1_ok, c0_ok, c1_ok,
+                                  border_val, ax, ay)
+                total = real(0)
+                for k in range(9):
+                    weight = v[n, k // 3, k % 3]
+                    term = weight * d_x * d_xs[k] + weight * d_y * d_ys[k]
+                    if math.isfinite(term):
+                        total += term
+                out[at(n, ch, oh, ow)] = total
+
+    return forward, backward_data, backward_mat_partials, tangent_mat
 
 
 @cuda.jit
@@ -292,6 +339,21 @@ class _BackwardMat(_Warp):
         _sum_partials_kernel[self.config.grid(self.n_mat * 9), self.config.block, stream](partials, out)
 
 
+class _TangentMat(_Warp):
+    def __init__(self, op: WarpPerspectiveTangentMat, src: TensorType, mat: TensorType,
+                 config: LaunchConfig):
+        super().__init__(op, src.dtype, mat.shape[0], src.shape[0], config)
+        self.pixels = mat.shape[0] * op.out_shape[0] * op.out_shape[1]
+
+    def __call__(self, *inputs: Any, out: Any, stream: Any = 0) -> None:
+        src, mat, mat_idx, v = split_backward_inputs(inputs, with_src=True)
+        image = self.images(mat_idx, stream)
+        if self.pixels:
+            self.kernels[3][self.pixel_grid(self.pixels, stream)](
+                to_device(src, stream), to_device(mat, stream), image, to_device(v, stream), out,
+                self.mode, self.border_val)
+
+
 @cuda_library_kernel.register(WarpPerspective)
 @cuda_library_kernel.register(WarpAffine)
 def _warp_forward(op: Op, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
@@ -308,3 +370,9 @@ def _warp_backward_data(op: WarpPerspectiveBackwardData, input_types: Sequence[T
 def _warp_backward_mat(op: WarpPerspectiveBackwardMat, input_types: Sequence[TensorType],
                        config: LaunchConfig) -> Launcher:
     return _BackwardMat(op, input_types[0], input_types[1], input_types[-1], config)
+
+
+@cuda_library_kernel.register
+def _warp_tangent_mat(op: WarpPerspectiveTangentMat, input_types: Sequence[TensorType],
+                      config: LaunchConfig) -> Launcher:
+    return _TangentMat(op, input_types[0], input_types[1], config)
