@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from distill import distill
 
 import gradcompiler as gc
-from distill import distill
 
 NAMES = ("wq", "wk", "wv")
 

@@ -17,9 +17,9 @@ import argparse
 import time
 
 import numpy as np
+from mlp_training import build_mlp_step, class_centres, init_params, make_batch, sgd_step
 
 import gradcompiler as gc
-from mlp_training import build_mlp_step, class_centres, init_params, make_batch, sgd_step
 
 
 def main(steps: int = 20, batch: int = 256, features: int = 784, hidden: int = 512,

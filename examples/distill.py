@@ -4,7 +4,7 @@ parameters follow plain SGD until its outputs match a fixed teacher's.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

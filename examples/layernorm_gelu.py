@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from distill import distill
 
 import gradcompiler as gc
-from distill import distill
 
 NAMES = ("gamma", "beta", "w1", "w2")
 

@@ -14,7 +14,14 @@ from importlib import metadata as _metadata
 # before any Numba code (ours, or a user's) can start that pool.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from . import errors  # noqa: E402,F401
+from . import (
+    errors,  # noqa: E402,F401
+    optim,  # noqa: E402,F401
+)
+from .api import grad, hessian, hvp, jacobian, jvp, vjp  # noqa: E402,F401
+from .compile import cache_info, clear_cache, compile  # noqa: E402,F401,A004
+from .custom import custom_gradient  # noqa: E402,F401
+from .dot import to_dot  # noqa: E402,F401
 from .errors import (  # noqa: F401
     BackendUnavailableError,
     DTypeError,
@@ -28,17 +35,11 @@ from .errors import (  # noqa: F401
 )
 from .frontend import *  # noqa: F401,F403
 from .frontend import Tensor, apply, constant  # noqa: F401
-from .ir import Graph, TensorType, verify  # noqa: F401
-from .reference import evaluate  # noqa: F401
-
-from .api import grad, hessian, hvp, jacobian, jvp, vjp  # noqa: E402,F401
 from .gradcheck import check_grads  # noqa: E402,F401
-from .custom import custom_gradient  # noqa: E402,F401
-from .dot import to_dot  # noqa: E402,F401
-from .compile import cache_info, clear_cache, compile  # noqa: E402,F401,A004
-from . import optim  # noqa: E402,F401
-from .training import TrainStep, train_step  # noqa: E402,F401
+from .ir import Graph, TensorType, verify  # noqa: F401
 from .onnx import from_onnx, to_onnx  # noqa: E402,F401
+from .reference import evaluate  # noqa: F401
+from .training import TrainStep, train_step  # noqa: E402,F401
 
 try:  # the installed distribution's version: pyproject.toml is the one place it is written
     __version__ = _metadata.version("gradcompiler")

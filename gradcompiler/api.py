@@ -5,7 +5,7 @@ the work is done by `gradcompiler.passes.autodiff` and `gradcompiler.passes.forw
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .bench import suite as bench_suite
 from .backends.numba_cpu.cache import cache_dir, disk_usage
+from .bench import suite as bench_suite
 from .compile import clear_cache
 from .compile import compile as compile_graph
 from .dot import STAGES, GraphvizMissingWarning, is_executable, not_drawable, to_dot

@@ -43,9 +43,10 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -334,7 +335,8 @@ class Executable:
             raise FeedError(f"out= has {len(targets)} array(s), this step has {len(types)} output(s)")
         for k, (target, want) in enumerate(zip(targets, types)):
             if not isinstance(target, np.ndarray) or target.shape != tuple(want.shape) or target.dtype != want.dtype:
-                got = f"{target.dtype.name}{list(target.shape)}" if isinstance(target, np.ndarray) else type(target).__name__
+                got = (f"{target.dtype.name}{list(target.shape)}" if isinstance(target, np.ndarray)
+                       else type(target).__name__)
                 raise FeedError(f"out[{k}] is {got}, expected {np.dtype(want.dtype).name}{list(want.shape)}")
             if not target.flags.writeable:
                 raise FeedError(f"out[{k}] is read-only")
@@ -519,7 +521,8 @@ def _compile(outputs, target: str, passes, extra_passes, debug: bool,
     start = time.perf_counter()
     labels = [_step_label(graph, step) for step in program.steps]
     if target == "cuda":
-        from .backends.numba_cuda.executable import CudaBuildOptions, build as build_cuda
+        from .backends.numba_cuda.executable import CudaBuildOptions
+        from .backends.numba_cuda.executable import build as build_cuda
 
         result = _allocating(graph, program, lambda: build_cuda(
             program, CudaBuildOptions(debug=debug, step_labels=labels, arena_sizes=arena_sizes)))

@@ -22,7 +22,8 @@ lowering agree on it:
 
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from .index_expr import Index
 from .ir import Graph, Node

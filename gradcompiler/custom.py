@@ -37,7 +37,7 @@ A composite has one output Tensor: several outputs can be concatenated.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import GraphError
 from .frontend.tensor import Tensor, apply

@@ -26,7 +26,7 @@ class BuildError(GradCompilerError):
         suffix = f"\n  at {site}" if site else ""
         super().__init__(f"{prefix}{message}{suffix}")
 
-    def at(self, site: str) -> "BuildError":
+    def at(self, site: str) -> BuildError:
         """The same error, pointing at `site` (the user's line)."""
         return type(self)(self.message, op=self.op, site=site)
 

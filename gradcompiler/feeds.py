@@ -9,7 +9,8 @@ or bytes); read-only arrays are fine, since feeds are never written.
 
 from __future__ import annotations
 
-from typing import Any, Collection, Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -29,8 +29,8 @@ arithmetic; the CUDA backend renders the same expressions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Axis:
 class Digit:
     """`(expr // div) % mod`, or `expr // div` when `mod` is None."""
 
-    expr: "Index"
+    expr: Index
     div: int
     mod: int | None
 
@@ -68,15 +68,15 @@ class Index:
 
     # -- construction -------------------------------------------------------------
     @staticmethod
-    def axis(k: int) -> "Index":
+    def axis(k: int) -> Index:
         return Index(((Axis(k), 1),))
 
     @staticmethod
-    def lit(value: int) -> "Index":
+    def lit(value: int) -> Index:
         return Index((), int(value))
 
     @staticmethod
-    def of(terms: dict, const: int) -> "Index":
+    def of(terms: dict, const: int) -> Index:
         """Normalise a term dict: drop zeros, recombine digits, sort."""
         terms = {a: c for a, c in terms.items() if c}
         changed = True
@@ -97,14 +97,14 @@ class Index:
     def terms_key(self) -> tuple:
         return tuple((_atom_key(a), c) for a, c in self.terms)
 
-    def __add__(self, other: "Index | int") -> "Index":
+    def __add__(self, other: Index | int) -> Index:
         other = other if isinstance(other, Index) else Index.lit(other)
         terms = dict(self.terms)
         for atom, coeff in other.terms:
             terms[atom] = terms.get(atom, 0) + coeff
         return Index.of(terms, self.const + other.const)
 
-    def __mul__(self, factor: int) -> "Index":
+    def __mul__(self, factor: int) -> Index:
         factor = int(factor)
         return Index.of({a: c * factor for a, c in self.terms}, self.const * factor)
 

@@ -31,8 +31,9 @@ import heapq
 import math
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 import networkx as nx
 import numpy as np
@@ -144,10 +145,10 @@ class Node:
         return f"%{self.id}{tag} = {self.op.describe()}{list(self.inputs)} : {self.type}"
 
 
-_CURRENT: list["Graph"] = []
+_CURRENT: list[Graph] = []
 
 
-def current_graph() -> "Graph":
+def current_graph() -> Graph:
     if not _CURRENT:
         raise GraphError("no graph is open: build inside `with gc.Graph() as g:`", site=call_site())
     return _CURRENT[-1]
@@ -175,7 +176,7 @@ class Graph:
         self._order: list[int] | None = None  # topo_order() until the next mutation
 
     # -- context -------------------------------------------------------------
-    def __enter__(self) -> "Graph":
+    def __enter__(self) -> Graph:
         _CURRENT.append(self)
         return self
 
@@ -358,7 +359,7 @@ class Graph:
             self.feed_names = {name: nid for name, nid in self.feed_names.items()
                                if nid not in gone}
 
-    def copy(self, name: str | None = None) -> "Graph":
+    def copy(self, name: str | None = None) -> Graph:
         clone = Graph(name or self.name)
         clone.nodes = dict(self.nodes)
         # rebuilt from the inputs (edges carry no data): a third faster than networkx's copy
@@ -371,7 +372,7 @@ class Graph:
         clone._next_id = self._next_id
         return clone
 
-    def adopt(self, other: "Graph") -> None:
+    def adopt(self, other: Graph) -> None:
         """Become `other` (a rewritten copy: a pass that plans on copies keeps the one it
         chose), every cache included."""
         self.nodes, self.nx, self.outputs = other.nodes, other.nx, other.outputs
@@ -404,7 +405,8 @@ def verify(graph: Graph) -> None:
     for node in graph.nodes.values():
         for i in node.inputs:
             if i not in graph.nodes:
-                raise GraphError(f"node %{node.id} reads %{i}, which is not in the graph", op=node.op.label, site=node.site)
+                raise GraphError(f"node %{node.id} reads %{i}, which is not in the graph", op=node.op.label,
+                                 site=node.site)
         edges = sorted((k, u) for u, _, k in graph.nx.in_edges(node.id, keys=True))
         if edges != list(enumerate(node.inputs)):
             raise GraphError(f"node %{node.id}: edges {edges} do not match inputs {node.inputs}", op=node.op.label)
@@ -412,7 +414,8 @@ def verify(graph: Graph) -> None:
         node.op.check_arity(types)
         inferred = node.op.infer(*types)
         if inferred != node.type:
-            raise GraphError(f"node %{node.id}: type {node.type} but inputs infer {inferred}", op=node.op.label, site=node.site)
+            raise GraphError(f"node %{node.id}: type {node.type} but inputs infer {inferred}",
+                             op=node.op.label, site=node.site)
     for o in graph.outputs:
         if o not in graph.nodes:
             raise GraphError(f"output %{o} is not in graph '{graph.name}'")

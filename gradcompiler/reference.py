@@ -8,12 +8,13 @@ kernel fuses many ops, so its bad output alone cannot say which op it was.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from .feeds import validate_feeds
 from .errors import GradCompilerError
+from .feeds import validate_feeds
 from .ir import Graph, Node
 from .ops.source import Placeholder
 

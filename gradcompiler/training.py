@@ -27,7 +27,8 @@ receiving process compiles) and the optimizer; a state is plain arrays.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -13,8 +13,8 @@ op, as the backends dispatch on ops), so a new view op is one function here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import singledispatch
-from typing import Sequence
 
 from .index_expr import Index, digit, floordiv, mod, ravel, unravel
 from .ir import Op

@@ -23,7 +23,7 @@ gradient is the same pass run again.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from gradcompiler.errors import NotDifferentiableError, ShapeError
 from gradcompiler.frontend.sources import full, zeros

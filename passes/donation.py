@@ -29,7 +29,7 @@ more per cycle found, which in a training step never happens).
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import networkx as nx
 

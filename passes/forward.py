@@ -26,7 +26,7 @@ here would be reported with its own message.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from gradcompiler.errors import NotDifferentiableError
 from gradcompiler.frontend.sources import zeros

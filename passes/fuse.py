@@ -268,7 +268,7 @@ class _Group:
     reads: dict[int, set[MultiIndex]] = field(default_factory=dict)  # external values read, where
     computes: set[int] = field(default_factory=set)
     scalars: set[int] = field(default_factory=set)
-    epilogue: "_Group | None" = None
+    epilogue: _Group | None = None
     backward: bool = False  # holds backward work that is not a recomputed forward value
 
 

@@ -70,7 +70,7 @@ def is_row_scalar(graph: Graph, node: Node) -> bool:
 class _LoopEmitter(ConeWalker[int]):
     """Emits one FusedLoop as a LoopKernel whose parameters are bound to the program's buffers."""
 
-    def __init__(self, graph: Graph, loop: FusedLoop, program: "_ProgramBuilder"):
+    def __init__(self, graph: Graph, loop: FusedLoop, program: _ProgramBuilder):
         roots = set(loop.roots)
         external = {i for i in loop.inputs if node_class(graph[i]) != "scalar_source"
                     or program.is_materialised(i)}

@@ -39,10 +39,11 @@ views no stride can express (PixelShuffle): their reader remaps indices.
 
 from __future__ import annotations
 
-import itertools
 import bisect
+import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 

@@ -57,8 +57,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import networkx as nx
 

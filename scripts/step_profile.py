@@ -22,9 +22,9 @@ import argparse
 import cProfile
 import faulthandler
 import io
-import sys
 import pstats
 import statistics
+import sys
 import time
 
 from gradcompiler.bench import suite

@@ -10,12 +10,13 @@ import warnings
 
 import pydot
 import pytest
-from helpers import mlp_step
 
 import gradcompiler as gc
 from gradcompiler import dot as dot_module
 from gradcompiler.dot import GraphvizMissingWarning
 from gradcompiler.units import format_bytes
+
+from helpers import mlp_step
 
 STRANGE_NAMES = ['a"b{c}\n', "a\"b{c}\\n", "end\\", '"q"', "<b>html</b>", "x -> y; }"]
 

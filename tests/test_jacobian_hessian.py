@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
+
 from oracle import assert_close
 
 RNG = np.random.default_rng(17)
@@ -84,6 +85,14 @@ def test_logsumexp_hessian_is_its_closed_form():
                  rtol=1e-12, atol=1e-15)
 
 
+def _shifted(a: str, i: int, da: float, b: str, j: int, db: float) -> dict[str, np.ndarray]:
+    """Copies of feeds `a` and `b` with element i of a moved by da and element j of b by db."""
+    values = {k: FEEDS[k].copy() for k in (a, b)}
+    values[a].reshape(-1)[i] += da
+    values[b].reshape(-1)[j] += db
+    return values
+
+
 def test_hessian_blocks_of_an_mlp_loss_match_second_differences():
     output, params = _graph(lambda x, w, b, g: (gc.tanh(x @ w + b) * g).sum())
     wrt = [params["w"], params["b"]]
@@ -99,12 +108,9 @@ def test_hessian_blocks_of_an_mlp_loss_match_second_differences():
             expected = np.zeros_like(got)
             for i in range(FEEDS[a].size):
                 for j in range(FEEDS[b].size):
-                    def shifted(si, sj):
-                        values = {k: FEEDS[k].copy() for k in (a, b)}
-                        values[a].reshape(-1)[i] += si * h
-                        values[b].reshape(-1)[j] += sj * h
-                        return f(**values)
-                    expected[i, j] = (shifted(1, 1) - shifted(1, -1) - shifted(-1, 1) + shifted(-1, -1)) / (4 * h * h)
+                    corners = [f(**_shifted(a, i, si * h, b, j, sj * h)) for si, sj in
+                               ((1, 1), (1, -1), (-1, 1), (-1, -1))]
+                    expected[i, j] = (corners[0] - corners[1] - corners[2] + corners[3]) / (4 * h * h)
             assert_close(got, expected, rtol=1e-5, atol=1e-6, label=f"H[{a}][{b}]")
     w_b, b_w = (gc.evaluate(blocks[i][j], FEEDS) for i, j in ((0, 1), (1, 0)))
     assert_close(w_b.reshape(12, 4), b_w.reshape(4, 12).T, rtol=1e-12)  # H is symmetric

@@ -12,6 +12,7 @@ import pytest
 
 import gradcompiler as gc
 from gradcompiler.passes.pipeline import optimize
+
 from oracle import assert_close
 
 BATCH, WIDTH, BLOCKS = 16, 8, 8

@@ -7,11 +7,12 @@ import re
 
 import numpy as np
 import pytest
-from helpers import mlp_step
 
 import gradcompiler as gc
 from gradcompiler.report import SECTIONS, format_report, fused_ops
 from gradcompiler.units import format_bytes, format_count
+
+from helpers import mlp_step
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
+
 from oracle import assert_close
 
 BATCH, FEATURES, UNITS = 5, 4, 3

@@ -15,7 +15,7 @@ tests): Python scalars are weakly typed under numpy 2 and keep it.
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -43,9 +43,10 @@ import sys
 import tempfile
 import time
 import traceback
-from datetime import datetime, timezone
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numba
 import numpy as np
@@ -282,7 +283,7 @@ def run_suite(workloads: Sequence[str] | None = None, target: str = "cpu", quick
     for entry in entries:
         measure_peers(entry, target, peer_list, steps, warmup, first_call, log)
     return dict(
-        schema=SCHEMA, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        schema=SCHEMA, created=datetime.now(UTC).isoformat(timespec="seconds"),
         target=target, quick=quick, size=size, steps=steps, warmup=warmup,
         environment=_environment(target), machine=limits,
         peers={p.name: dict(available=p.available, note=p.note) for p in peer_list},

@@ -23,8 +23,8 @@ every gradient written once; compared against the memory bandwidth).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

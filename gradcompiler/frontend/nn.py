@@ -17,8 +17,7 @@ from ..ir import call_site
 from ..ops.common import normalize_axis
 from ..ops.indexing import IndexingOneHot
 from ..ops.source import Placeholder
-from .math import (cast, equal, exp, log, maximum, mean, minimum, reduce, rsqrt, stop_gradient,
-                   sum, tanh, where)
+from .math import cast, equal, exp, log, maximum, mean, minimum, reduce, rsqrt, stop_gradient, sum, tanh, where
 from .shapes import broadcast_to, reshape, squeeze
 from .tensor import Tensor, apply, reports_user_line, to_operands
 

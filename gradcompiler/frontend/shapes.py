@@ -6,7 +6,7 @@ into the explicit parameters the ops carry.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -253,7 +254,8 @@ def to_operands(operands: Sequence[Any]) -> list[Tensor]:
             result.append(value)
         elif isinstance(value, (bool, int, float, np.number, np.bool_)) and like is not None:
             if like.kind in "iub" and isinstance(value, (float, np.floating)) and float(value) != int(value):
-                raise DTypeError(f"the float {value!r} meets an {like.name} tensor; cast the tensor first", site=call_site())
+                raise DTypeError(f"the float {value!r} meets an {like.name} tensor; cast the tensor first",
+                                 site=call_site())
             if like.kind in "iu" and not isinstance(value, (bool, np.bool_)):
                 info = np.iinfo(like)
                 if not info.min <= int(value) <= info.max:

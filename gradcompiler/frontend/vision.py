@@ -8,7 +8,7 @@ check them and every shape.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import ShapeError
 from ..ir import call_site

@@ -6,7 +6,8 @@ Each helper takes the op so that the error it raises names it.
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 

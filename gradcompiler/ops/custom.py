@@ -17,8 +17,8 @@ meaning: `optimize` replaces it by its forward value before any pass runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -12,8 +12,8 @@ take the tensor's dtype in the frontend.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from scipy import special

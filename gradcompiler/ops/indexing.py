@@ -26,8 +26,9 @@ self-describing.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -361,7 +362,8 @@ class IndexingSetOneHot(Op):
         expected = list(data.shape)
         expected[self.axis] = 1
         if sub.shape != tuple(expected):
-            raise self.shape_error(f"sub shape {sub.shape} must be {tuple(expected)} (data {data.shape}, axis {self.axis})")
+            raise self.shape_error(
+                f"sub shape {sub.shape} must be {tuple(expected)} (data {data.shape}, axis {self.axis})")
         if sub.dtype != data.dtype:
             raise DTypeError(f"sub dtype {sub.dtype.name} differs from data dtype {data.dtype.name}", op=self.label)
         return data

@@ -57,7 +57,8 @@ class Reduce(Op):
             raise self.shape_error(f"unknown mode {self.mode!r}; known: {', '.join(REDUCE_MODES)}")
         if self.axes is not None:
             if tuple(sorted(set(self.axes))) != tuple(self.axes) or any(not 0 <= a < x.ndim for a in self.axes):
-                raise self.shape_error(f"axes {self.axes} must be sorted, unique and in [0, {x.ndim}) for shape {x.shape}")
+                raise self.shape_error(
+                    f"axes {self.axes} must be sorted, unique and in [0, {x.ndim}) for shape {x.shape}")
         if self.mode in ("MEAN", "SUM_SQR"):
             require_float(self, x)
         if x.dtype == np.bool_ and self.mode not in ("SUM", "PRODUCT"):

@@ -14,7 +14,6 @@ from ..frontend.tensor import Tensor
 from ..ops.custom import CustomGradient
 from .registry import ForwardNode, grad_rule
 
-
 _RESIDUAL_HINT = ("build the gradients from the gradient and the residuals the backward is given: "
                   "a Tensor it uses from the forward's scope must be returned as a residual, "
                   "since a copy of the graph (check_grads makes one) renumbers every node")

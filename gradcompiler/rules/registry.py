@@ -19,8 +19,8 @@ cost nothing at run time and are free to read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from ..errors import NotDifferentiableError
 from ..frontend.tensor import Tensor
@@ -57,7 +57,7 @@ class ForwardNode:
         return self.node.type
 
 
-GradRule = Callable[[ForwardNode, Tensor, tuple], Optional[list]]
+GradRule = Callable[[ForwardNode, Tensor, tuple], list | None]
 
 _RULES: dict[type[Op], GradRule] = {}
 _GENERIC: dict[type[Op], GradRule] = {}

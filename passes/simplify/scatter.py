@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 
 from gradcompiler.ir import Graph, Node
 from gradcompiler.ops.elemwise import Elemwise
-from gradcompiler.ops.reduce import ReduceTo
 from gradcompiler.ops.indexing import (
     IndexingIncrMultiAxisVec,
     IndexingOneHot,
@@ -35,6 +34,7 @@ from gradcompiler.ops.indexing import (
     SetSubtensor,
     Subtensor,
 )
+from gradcompiler.ops.reduce import ReduceTo
 
 from .registry import add_like, is_uniform, rewrite, single_use
 

@@ -9,7 +9,7 @@ into this thread's intermediates between two of its kernels.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

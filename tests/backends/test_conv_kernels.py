@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle import assert_close
 
 import gradcompiler as gc
 from gradcompiler.backends.numba_cpu import library, library_conv
@@ -18,6 +17,8 @@ from gradcompiler.backends.numba_cpu.library import run_library_op
 from gradcompiler.ir import TensorType
 from gradcompiler.ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter
 from gradcompiler.ops.pool import Pooling, PoolingBackward
+
+from oracle import assert_close
 
 RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}
 

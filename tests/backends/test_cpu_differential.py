@@ -20,6 +20,7 @@ import gradcompiler as gc
 from gradcompiler.backends import numba_cpu
 from gradcompiler.bench import workloads
 from gradcompiler.ops.elemwise import MODES
+
 from oracle import assert_close
 
 RTOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-5}
@@ -175,7 +176,8 @@ def test_scalars_constants_fills_and_empty_tensors(rng):
         x = gc.input("x", (3, 4), "float64")
         e = gc.input("e", (0, 4), "float64")
         k = gc.constant(np.arange(12.0).reshape(3, 4))
-        outs = [gc.exp(s) * 3.0, x * s + k, gc.zeros((2, 3), "float64"), gc.full((4,), 2.5, "float64") * gc.sum(x, axis=0),
+        outs = [gc.exp(s) * 3.0, x * s + k, gc.zeros((2, 3), "float64"),
+                gc.full((4,), 2.5, "float64") * gc.sum(x, axis=0),
                 gc.sum(e, axis=0), gc.sum(e * 2.0), gc.mean(x * k), k]
     feeds = dict(s=np.array(0.5), x=rng.standard_normal((3, 4)), e=np.zeros((0, 4)))
     assert_matches_reference(outs, feeds)
@@ -199,7 +201,7 @@ def _broadcastable(a: tuple, b: tuple) -> bool:
 @st.composite
 def random_graphs(draw):
     """A random DAG of elementwise, reduction and view ops, plus the gradient of a sum of it."""
-    with gc.Graph("random") as g:
+    with gc.Graph("random"):
         inputs = [gc.input(f"x{k}", shape, "float64") for k, shape in enumerate(draw(st.lists(
             st.sampled_from(_SHAPES), min_size=2, max_size=3)))]
         pool = list(inputs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import gradcompiler as gc
+
 from oracle import assert_close
 
 

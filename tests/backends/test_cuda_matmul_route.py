@@ -18,6 +18,7 @@ import pytest
 
 import gradcompiler as gc
 from gradcompiler.backends.numba_cuda import require_cuda, simulator_active
+
 from oracle import assert_close
 
 cuda = require_cuda()

@@ -10,9 +10,10 @@ import os
 
 import numpy as np
 import pytest
-from oracle import assert_close
 
 from gradcompiler.backends.numba_cuda import require_cuda, simulator_active
+
+from oracle import assert_close
 
 cuda = require_cuda()
 if not simulator_active(cuda) and os.environ.get("GRADCOMPILER_GPU_CHECK") != "1":

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -32,6 +32,7 @@ from gradcompiler.backends.numba_cuda.device import is_device_array  # noqa: E40
 from gradcompiler.bench import workloads  # noqa: E402
 from gradcompiler.ops import all_op_classes  # noqa: E402
 from gradcompiler.ops.shape import FastpathCopy  # noqa: E402
+
 from oracle import assert_close  # noqa: E402
 
 RNG_SEED = 7
@@ -305,7 +306,8 @@ def test_bad_index_feed_raises_before_any_kernel_reads_it():
         y = x[idx] * 2.0
     step = gc.compile(y, target="cuda")
     x_value = np.ones((4, 2), np.float32)
-    np.testing.assert_array_equal(step(to_host=True, x=x_value, idx=np.array([3, -4, 0], np.int32)), 2 * np.ones((3, 2)))
+    got = step(to_host=True, x=x_value, idx=np.array([3, -4, 0], np.int32))
+    np.testing.assert_array_equal(got, 2 * np.ones((3, 2)))
     with pytest.raises(gc.IndexOutOfRangeError, match="index value 4"):
         step(x=x_value, idx=np.array([0, 4, 1], np.int32))
 

@@ -15,30 +15,43 @@ import os
 import numpy as np
 import pytest
 
-import oracle
-
 from gradcompiler.backends.numba_cuda import require_cuda, simulator_active
 from gradcompiler.errors import DTypeError, IndexOutOfRangeError
+
+import oracle
 
 cuda = require_cuda()  # no GPU and no simulator: BackendUnavailableError, loudly
 if not simulator_active(cuda) and os.environ.get("GRADCOMPILER_GPU_CHECK") != "1":
     raise RuntimeError("the CUDA tests run on Numba's simulator: set NUMBA_ENABLE_CUDASIM=1 before "
                        "numba.cuda is imported (make test does), or run them on a GPU with make gpu-check")
 
-from gradcompiler.backends.numba_cuda.device import (LaunchConfig, default_config,  # noqa: E402
-                                                     is_device_array, to_device)
+from gradcompiler.backends.numba_cuda.device import LaunchConfig, default_config, is_device_array, to_device  # noqa: E402
 from gradcompiler.backends.numba_cuda.library import cuda_library_kernel, run_library_op  # noqa: E402
 from gradcompiler.backends.numba_cuda.library_reduce import PartialFold  # noqa: E402
 from gradcompiler.ir import TensorType  # noqa: E402
-from gradcompiler.ops.indexing import (IndexingIncrMultiAxisVec, IndexingMultiAxisVec,  # noqa: E402
-                                       IndexingOneHot, IndexingSetMultiAxisVec, IndexingSetOneHot,
-                                       IndexItem, SetSubtensor, SliceItem, Subtensor, TensorItem)
+from gradcompiler.ops.indexing import (  # noqa: E402
+    IndexingIncrMultiAxisVec,
+    IndexingMultiAxisVec,
+    IndexingOneHot,
+    IndexingSetMultiAxisVec,
+    IndexingSetOneHot,
+    IndexItem,
+    SetSubtensor,
+    SliceItem,
+    Subtensor,
+    TensorItem,
+)
 from gradcompiler.ops.linalg import BatchedMatrixMul, MatrixMul  # noqa: E402
 from gradcompiler.ops.reduce import Reduce, ReduceTo  # noqa: E402
 from gradcompiler.ops.shape import Concat  # noqa: E402
-from gradcompiler.ops.vision import (BORDER_MODES, WarpAffine, WarpPerspective,  # noqa: E402
-                                     WarpPerspectiveBackwardData, WarpPerspectiveBackwardMat,
-                                     WarpPerspectiveTangentMat)
+from gradcompiler.ops.vision import (  # noqa: E402
+    BORDER_MODES,
+    WarpAffine,
+    WarpPerspective,
+    WarpPerspectiveBackwardData,
+    WarpPerspectiveBackwardMat,
+    WarpPerspectiveTangentMat,
+)
 
 GRID_STRIDE = LaunchConfig(block=8, max_blocks=1, reduce_block=4, tile=2, column_chunks=3)
 """One block per launch: every grid-stride loop must go round more than once."""

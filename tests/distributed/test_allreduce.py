@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle import assert_close
 
 from gradcompiler.distributed.allreduce import RingMember, ring_allreduce, ring_rounds
+
+from oracle import assert_close
 
 
 @pytest.mark.parametrize("members", [1, 2, 3, 5])

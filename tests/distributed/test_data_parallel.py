@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle import assert_close
 
 import gradcompiler as gc
 from gradcompiler.distributed import DataParallel
 from gradcompiler.errors import ReplicaDivergedError, ShardError, WorkerLostError
+
+from oracle import assert_close
 
 STEPS = 10
 

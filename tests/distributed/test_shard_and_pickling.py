@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-from oracle import assert_close
 
 import gradcompiler as gc
 from gradcompiler.distributed.shard import (
@@ -20,6 +19,8 @@ from gradcompiler.distributed.shard import (
     split_batch,
 )
 from gradcompiler.errors import BackendUnavailableError, ShardError
+
+from oracle import assert_close
 
 B = 6
 

@@ -33,8 +33,8 @@ through the graph too; they carry no gradient.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 from hypothesis import strategies as st

@@ -20,6 +20,7 @@ import pytest
 
 import gradcompiler as gc
 from gradcompiler.errors import BackendUnavailableError, FeedError, IndexOutOfRangeError
+
 from oracle import assert_close
 
 TARGETS = ["reference", "cpu", "cuda"]

@@ -12,9 +12,9 @@ mistake was found in.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -28,8 +28,8 @@ from gradcompiler.errors import (
     ShapeError,
 )
 from gradcompiler.ops import all_op_classes
-from gradcompiler.ops.custom import CustomGradient
 from gradcompiler.ops.conv import ConvolutionBackwardData, ConvolutionBackwardFilter
+from gradcompiler.ops.custom import CustomGradient
 from gradcompiler.ops.elemwise import StopGradient
 from gradcompiler.ops.pool import Pooling, PoolingBackward
 from gradcompiler.ops.shape import FastpathCopy

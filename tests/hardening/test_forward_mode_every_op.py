@@ -20,6 +20,7 @@ from hypothesis import given, settings
 import gradcompiler as gc
 from gradcompiler.frontend.tensor import Tensor
 from gradcompiler.gradcheck import as_float64
+
 from graph_strategies import RECIPES, FuzzCase, fuzz_cases
 from helpers import break_elemwise_rule
 

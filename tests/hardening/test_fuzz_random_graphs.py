@@ -36,6 +36,7 @@ from gradcompiler.gradcheck import as_float64
 from gradcompiler.ops import all_op_classes
 from gradcompiler.ops.elemwise import MODES
 from gradcompiler.reference import run_graph
+
 from graph_strategies import DRAWN_MODES, RECIPES, fuzz_cases
 from helpers import break_elemwise_rule
 from oracle import assert_close

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
-from gradcompiler.errors import (DTypeError, FeedError, GraphError, IndexOutOfRangeError,
-                                 ShapeError)
+from gradcompiler.errors import DTypeError, FeedError, GraphError, IndexOutOfRangeError, ShapeError
 
 
 def _here() -> str:

@@ -16,9 +16,10 @@ import os
 import unittest
 
 import onnx.backend.test
-from conformance_cases import exclusion, op_of, supported_cases
 
 from gradcompiler.onnx.backend import backend_for
+
+from conformance_cases import exclusion, op_of, supported_cases
 
 FULL = os.environ.get("GRADCOMPILER_ONNX_CONFORMANCE") == "full"
 

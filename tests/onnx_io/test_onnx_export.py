@@ -8,12 +8,13 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime
 import pytest
-from onnx_models import mlp, transformer_block
-from oracle import assert_close
 
 import gradcompiler as gc
 from gradcompiler.errors import OnnxError
 from gradcompiler.onnx.op_table import TABLE
+
+from onnx_models import mlp, transformer_block
+from oracle import assert_close
 
 
 def _run(model, feeds):

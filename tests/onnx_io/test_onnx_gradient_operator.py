@@ -18,9 +18,10 @@ import onnx.backend.test
 import onnx.version_converter
 import pytest
 from onnx import numpy_helper
-from oracle import assert_close
 
 from gradcompiler.onnx.backend import backend_for
+
+from oracle import assert_close
 
 DATA = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data", "simple")
 

@@ -9,11 +9,12 @@ import onnx
 import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx_models import mlp, transformer_block
-from oracle import assert_close
 
 import gradcompiler as gc
 from gradcompiler.errors import OnnxError, UnsupportedOnnxOp
+
+from onnx_models import mlp, transformer_block
+from oracle import assert_close
 
 
 def _onnxruntime(model, **feeds):

@@ -7,9 +7,10 @@ from __future__ import annotations
 import io
 
 import pytest
-from oracle import assert_close
 
 import gradcompiler as gc
+
+from oracle import assert_close
 
 torch = pytest.importorskip("torch")
 

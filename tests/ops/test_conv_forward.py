@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle import assert_close
 
 import gradcompiler as gc
 from gradcompiler.ops.conv import ConvolutionBackwardData, ConvolutionBackwardFilter
 from gradcompiler.ops.pool import Pooling, PoolingBackward
+
+from oracle import assert_close
 
 COVERS = {"Convolution", "ConvolutionBackwardData", "ConvolutionBackwardFilter", "Pooling",
           "PoolingBackward"}
@@ -213,10 +214,12 @@ def test_pooling_and_its_backward_equal_nested_loops(mode, case, rng):
     x = rng.standard_normal(shape)
     if mode == "MAX":  # ties: the first maximum of the window in row-major order wins
         x = np.round(x)
-        build = lambda x: gc.max_pool2d(x, kernel, stride, padding, ceil_mode)
+        def build(x):
+            return gc.max_pool2d(x, kernel, stride, padding, ceil_mode)
     else:
         include = mode == "AVERAGE"
-        build = lambda x: gc.avg_pool2d(x, kernel, stride, padding, ceil_mode, include)
+        def build(x):
+            return gc.avg_pool2d(x, kernel, stride, padding, ceil_mode, include)
     want = pool_loop(x, mode, kernel, stride, padding, ceil_mode)
     assert_close(run(build, {"x": x}), want, rtol=1e-12)
     dy = rng.standard_normal(want.shape)

@@ -8,6 +8,7 @@ import numpy as np
 import gradcompiler as gc
 from gradcompiler.ir import TensorType
 from gradcompiler.ops.custom import CustomGradient
+
 from oracle import assert_close
 
 COVERS = {"CustomGradient"}

@@ -511,7 +511,8 @@ def test_one_hot_errors(graph):
     _assert_build_error(DTypeError, "IndexingOneHot", lambda: gc.indexing_one_hot(s, f))
     _assert_build_error(ShapeError, "IndexingOneHot", lambda: gc.indexing_one_hot(s, i, axis=0))
     _assert_build_error(ShapeError, "IndexingSetOneHot", lambda: gc.indexing_set_one_hot(s, i, gc.zeros((3, 2))))
-    _assert_build_error(DTypeError, "IndexingSetOneHot", lambda: gc.indexing_set_one_hot(s, i, gc.zeros((3,), "float64")))
+    _assert_build_error(DTypeError, "IndexingSetOneHot",
+                        lambda: gc.indexing_set_one_hot(s, i, gc.zeros((3,), "float64")))
 
 
 # -- run-time range checks -------------------------------------------------------------------

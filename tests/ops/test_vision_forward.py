@@ -336,7 +336,7 @@ def test_bad_mat_idx_is_a_run_time_index_error(rng):
         with pytest.raises(gc.IndexOutOfRangeError, match="WarpPerspective.*mat_idx"):
             run_perspective(src, mat, (3, 4), mat_idx=np.array(bad, np.int32))
     g = np.ones((2, 1, 3, 4))
-    with gc.Graph("bad_idx") as graph:
+    with gc.Graph("bad_idx"):
         s, m, gi = (gc.input(k, v.shape, v.dtype) for k, v in (("s", src), ("m", mat), ("g", g)))
         idx = gc.input("idx", (2,), "int32")
         data = gc.apply(WarpPerspectiveBackwardData(src.shape, "replicate", 0.0, "NCHW"), m, idx, gi)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle import assert_close
 
 import gradcompiler as gc
 from gradcompiler.ops.vision import (
@@ -19,6 +18,8 @@ from gradcompiler.ops.vision import (
     WarpPerspectiveBackwardMat,
     WarpPerspectiveTangentMat,
 )
+
+from oracle import assert_close
 
 COVERS = {"WarpPerspectiveTangentMat"}
 

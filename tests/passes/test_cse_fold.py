@@ -12,8 +12,8 @@ from gradcompiler.errors import IndexOutOfRangeError
 from gradcompiler.frontend.tensor import apply
 from gradcompiler.ops.indexing import IndexingOneHot
 from gradcompiler.ops.source import Constant, Fill
-from gradcompiler.reference import run_graph
 from gradcompiler.passes.pipeline import CONSTANT_FOLD, CSE, optimize
+from gradcompiler.reference import run_graph
 
 
 def ops(graph) -> Counter:

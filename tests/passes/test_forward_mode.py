@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
+
 from helpers import mlp_step
 from oracle import assert_close
 

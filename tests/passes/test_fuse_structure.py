@@ -38,7 +38,7 @@ def materialised(plan) -> set[int]:
 
 
 def layernorm_gelu_step():
-    with gc.Graph("layernorm_gelu") as g:
+    with gc.Graph("layernorm_gelu"):
         x = gc.input("x", (64, 32))
         gamma, beta = gc.param("gamma", (32,)), gc.param("beta", (32,))
         r = gc.input("r", (64, 32))
@@ -48,7 +48,7 @@ def layernorm_gelu_step():
 
 
 def bcast_reduce_step():
-    with gc.Graph("bcast_reduce") as g:
+    with gc.Graph("bcast_reduce"):
         x = gc.input("x", (64, 48))
         b, w = gc.param("b", (48,)), gc.param("w", (48,))
         loss = gc.sum(gc.relu(x + b) * w)
@@ -87,7 +87,7 @@ def test_bcast_reduce_is_one_pass_and_never_materialises_the_broadcasts():
 
 
 def test_elementwise_chain_is_one_loop_and_sibling_reductions_share_it():
-    with gc.Graph() as g:
+    with gc.Graph():
         x = gc.input("x", (16, 8))
         t = gc.exp(x * 2.0 + 1.0) - x
         outs = [gc.sum(t, axis=1), gc.max(t, axis=1), gc.sum(t, axis=0), t]
@@ -97,7 +97,7 @@ def test_elementwise_chain_is_one_loop_and_sibling_reductions_share_it():
 
 
 def test_matmul_bias_relu_is_a_library_call_with_an_in_place_epilogue():
-    with gc.Graph() as g:
+    with gc.Graph():
         x, w, b = gc.input("x", (8, 6)), gc.param("w", (6, 5)), gc.param("b", (5,))
         h = gc.relu(x @ w + b)
     graph, ctx = fused([h])
@@ -108,7 +108,7 @@ def test_matmul_bias_relu_is_a_library_call_with_an_in_place_epilogue():
 
 
 def test_mlp_transposes_are_all_folded_into_matmul_flags():
-    with gc.Graph("mlp") as g:
+    with gc.Graph("mlp"):
         x, y = gc.input("x", (8, 12)), gc.input("y", (8,), "int32")
         w1, b1 = gc.param("w1", (12, 16)), gc.param("b1", (16,))
         w2, b2 = gc.param("w2", (16, 5)), gc.param("b2", (5,))
@@ -123,7 +123,7 @@ def test_mlp_transposes_are_all_folded_into_matmul_flags():
 def test_cheap_shared_values_are_recomputed_and_expensive_ones_materialised():
     """A value two kernels need is recomputed by both unless it costs more than the limit."""
     def plan_for(make_shared):
-        with gc.Graph() as g:
+        with gc.Graph():
             x = gc.input("x", (6, 4))
             t = make_shared(x)
             outs = [gc.sum(t, axis=0), gc.reshape(t, (4, 6)) * gc.input("z", (4, 6))]
@@ -151,7 +151,7 @@ def test_every_node_is_in_exactly_one_group_and_groups_run_after_their_inputs():
 
 def test_a_later_phase_reads_only_its_own_row():
     """x·(m·x) runs in the loop that sums m; x·(m·x)ᵀ needs other rows' sums, so it waits."""
-    with gc.Graph() as g:
+    with gc.Graph():
         x = gc.input("x", (8, 8))
         m = gc.sum(x, axis=1, keepdims=True)
         same_row = x * (m * x)

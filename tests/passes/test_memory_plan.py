@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import captured_values, mlp_step
 
 import gradcompiler as gc
 from gradcompiler.bench import workloads
 from gradcompiler.errors import GraphError
 from gradcompiler.passes.groups import FusionGroup, FusionPlan
-from gradcompiler.view_maps import is_contiguous_view
 from gradcompiler.passes.memory import plan_memory, singleton_plan, unfused_peak_bytes
 from gradcompiler.passes.pipeline import UNFUSED_PIPELINE, optimize
+from gradcompiler.view_maps import is_contiguous_view
+
+from helpers import captured_values, mlp_step
 
 F64 = 8
 

@@ -8,7 +8,6 @@ import pytest
 import gradcompiler as gc
 from gradcompiler.errors import GraphError
 from gradcompiler.ops.elemwise import Elemwise
-from gradcompiler.reference import run_graph
 from gradcompiler.passes.pipeline import (
     CSE,
     DEFAULT_PIPELINE,
@@ -20,6 +19,7 @@ from gradcompiler.passes.pipeline import (
     format_stats,
     optimize,
 )
+from gradcompiler.reference import run_graph
 
 
 @pytest.fixture

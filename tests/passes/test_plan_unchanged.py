@@ -6,6 +6,7 @@ fusing the same ops.
 import json
 
 import pytest
+
 from plan_oracle import FIXTURE, current_plans
 
 EXPECTED = json.loads(FIXTURE.read_text())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 import gradcompiler as gc
-from gradcompiler.reference import run_graph
 from gradcompiler.passes.pipeline import PRUNE, optimize
+from gradcompiler.reference import run_graph
 
 
 def test_prune_drops_what_no_output_needs(rng):

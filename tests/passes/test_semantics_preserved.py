@@ -7,14 +7,15 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from helpers import mlp_step
 
 import gradcompiler as gc
 from gradcompiler.ops.linalg import BatchedMatrixMul, MatrixMul
 from gradcompiler.ops.shape import Transpose
 from gradcompiler.ops.source import Placeholder
-from gradcompiler.reference import run_graph
 from gradcompiler.passes.pipeline import optimize
+from gradcompiler.reference import run_graph
+
+from helpers import mlp_step
 
 INPUTS = {"x": (3, 4), "v": (4,), "c": (3, 1), "m": (4, 3)}
 

@@ -15,9 +15,9 @@ from gradcompiler.ops.elemwise import Cast
 from gradcompiler.ops.reduce import ReduceTo
 from gradcompiler.ops.shape import AddAxis, Broadcast, FastpathCopy, Reshape, Transpose
 from gradcompiler.ops.source import Placeholder
-from gradcompiler.reference import run_graph
 from gradcompiler.passes.pipeline import SIMPLIFY, optimize
 from gradcompiler.passes.simplify import REWRITES, rewrite
+from gradcompiler.reference import run_graph
 
 
 def simplified(outputs, assume_finite=False):
@@ -53,7 +53,7 @@ def x34(rng):
     lambda x: apply(AddAxis(()), x),
 ], ids=["reshape", "broadcast", "reduce_to", "add_axis"])
 def test_same_shape_view_is_identity(make, x34):
-    with gc.Graph() as g:
+    with gc.Graph():
         x = gc.input("x", (3, 4), "float64")
         y = gc.exp(make(x))
     opt, rewrites = simplified([y])

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from gradcompiler.bench import workloads
-from gradcompiler.reference import run_graph
 from gradcompiler.passes.pipeline import optimize
+from gradcompiler.reference import run_graph
 
 
 @pytest.mark.parametrize("name", workloads.NAMES)

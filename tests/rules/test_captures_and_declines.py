@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import backward_nodes_of, captured_values
 
 import gradcompiler as gc
 from gradcompiler.ops.elemwise import Elemwise
@@ -20,6 +19,8 @@ from gradcompiler.ops.reduce import Reduce
 from gradcompiler.ops.shape import FastpathCopy, PixelShuffle
 from gradcompiler.rules import ForwardNode
 from gradcompiler.rules.registry import rule_of
+
+from helpers import backward_nodes_of, captured_values
 
 
 @pytest.fixture

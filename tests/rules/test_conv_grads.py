@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import assert_grads, backward_nodes_of, captured_values
 
 import gradcompiler as gc
 from gradcompiler.ops.conv import (
@@ -18,6 +17,8 @@ from gradcompiler.ops.conv import (
     ConvolutionBackwardFilter,
 )
 from gradcompiler.ops.pool import Pooling, PoolingBackward
+
+from helpers import assert_grads, backward_nodes_of, captured_values
 
 F64 = "float64"
 ORDERS = (1, 2)

@@ -12,6 +12,7 @@ import pytest
 
 import gradcompiler as gc
 from gradcompiler.ops.custom import CustomGradient
+
 from oracle import assert_close
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import assert_grads
 
 import gradcompiler as gc
 from gradcompiler.errors import NotDifferentiableError
 from gradcompiler.ops.elemwise import MODES
+
+from helpers import assert_grads
 
 # mode -> (domain of each input, indices of the inputs that get a gradient)
 GRAD_CASES = {

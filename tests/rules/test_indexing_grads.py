@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import assert_grads, backward_nodes_of, captured_values
 
 import gradcompiler as gc
 from gradcompiler.ops.indexing import IndexingMultiAxisVec, IndexingOneHot, IndexingSetOneHot
 from gradcompiler.rules import ForwardNode, rule_of
+
+from helpers import assert_grads, backward_nodes_of, captured_values
 
 SHAPE = (4, 5, 6)
 MASK = np.array([[True, False, True, False, False],
@@ -169,7 +170,8 @@ def test_second_order_through_scatters(x, rng):
     value = rng.standard_normal((2, 5))
     rows = np.array([1, 1])
     for update in (gc.index_update, gc.index_add):
-        _check(lambda x, v, r: (update(x[..., 0] ** 3, r, v ** 3) ** 2).sum(), ["x", "v"], order=2,
+        _check(lambda x, v, r: (update(x[..., 0] ** 3, r, v ** 3) ** 2).sum(),  # noqa: B023 - run now
+               ["x", "v"], order=2,
                x=x, v=value, r=rows)
 
 

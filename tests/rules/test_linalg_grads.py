@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import assert_grads
 
 import gradcompiler as gc
 from gradcompiler.ops.linalg import BatchedMatrixMul, MatrixMul
+
+from helpers import assert_grads
 
 FLAGS = [(False, False), (False, True), (True, False), (True, True)]
 

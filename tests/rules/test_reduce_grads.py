@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import assert_grads
 
 import gradcompiler as gc
 from gradcompiler.errors import NotDifferentiableError
 from gradcompiler.ops.reduce import REDUCE_MODES
+
+from helpers import assert_grads
 
 AXES = [0, -1, (0, 2), (-1, 0), (0, 1, 2), None]
 

@@ -17,6 +17,7 @@ from gradcompiler.ops.elemwise import Elemwise, StopGradient
 from gradcompiler.ops.source import Constant, Fill, Placeholder
 from gradcompiler.rules import registry
 from gradcompiler.rules.registry import grad_rule, has_rule, is_non_differentiable, rule_of
+
 from helpers import break_elemwise_rule
 
 OP_CLASSES = [c for c in all_op_classes() if not c.__name__.startswith("_")]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import assert_grads
 
 import gradcompiler as gc
 from gradcompiler.ops.shape import (
@@ -18,6 +17,8 @@ from gradcompiler.ops.shape import (
     PixelShuffleBackward,
     RemoveAxis,
 )
+
+from helpers import assert_grads
 
 
 @pytest.fixture

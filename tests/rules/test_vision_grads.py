@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import backward_nodes_of, captured_values
 
 import gradcompiler as gc
 from gradcompiler.ops.vision import (
@@ -20,6 +19,8 @@ from gradcompiler.ops.vision import (
     WarpPerspectiveBackwardMat,
     WarpPerspectiveTangentMat,
 )
+
+from helpers import backward_nodes_of, captured_values
 
 MODES = ("replicate", "reflect", "reflect_101", "wrap", "constant")
 F64 = "float64"

@@ -25,8 +25,8 @@ idle one passive waiting costs nothing measurable.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numba
 import numpy as np

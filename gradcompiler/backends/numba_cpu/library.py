@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numba
 import numpy as np

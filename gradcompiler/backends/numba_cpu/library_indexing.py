@@ -27,12 +27,13 @@ uses the same partition, so the last write in row-major order wins (§7.3).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from numba import prange
 
+from ...errors import IndexOutOfRangeError
 from ...ops.indexing import (
     IndexingIncrMultiAxisVec,
     IndexingMultiAxisVec,
@@ -43,7 +44,6 @@ from ...ops.indexing import (
     TensorItem,
     one_hot_range_message,
 )
-from ...errors import IndexOutOfRangeError
 from .library import LibraryKernel, ParallelLoop, index_error, library_kernel, partition_count
 
 # -- loops -------------------------------------------------------------------------------------

@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 

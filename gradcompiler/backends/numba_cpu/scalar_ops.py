@@ -18,8 +18,8 @@ transcendentals call the `<name>_f32`/`<name>_f64` functions of
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import singledispatch
-from typing import Callable, Sequence
 
 import numpy as np
 

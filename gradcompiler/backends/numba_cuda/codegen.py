@@ -239,7 +239,7 @@ class _Writer:
     # -- layouts ------------------------------------------------------------------------------------
     def _scalar(self) -> None:
         self.emit(1, "if cuda.grid(1) == 0:")
-        for p, phase in enumerate(self.kernel.phases):
+        for p in range(len(self.kernel.phases)):
             self._instrs(2, p)
             self._stores(2, p)
             for plan in (pl for pl in self.plans if pl.phase == p):

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 MatmulRoute = Callable[[Any, Any, Any, bool, bool, Any], None]
 

@@ -13,8 +13,9 @@ compile-time constants), so each kernel factory is cached per config.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from numba import cuda

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numba import cuda

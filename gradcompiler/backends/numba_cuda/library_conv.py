@@ -22,7 +22,8 @@ three convolution kernels without changing their launchers.
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numba import cuda, from_dtype

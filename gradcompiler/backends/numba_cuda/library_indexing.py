@@ -23,8 +23,9 @@ One-hot indexing views the data as (pre, n, post) and the index as
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from numba import cuda
@@ -32,12 +33,21 @@ from numba import cuda
 from ...errors import DTypeError
 from ...index_expr import strides as row_major
 from ...ir import Op, TensorType
-from ...ops.indexing import (IndexingIncrMultiAxisVec, IndexingMultiAxisVec, IndexingOneHot,
-                             IndexingSetMultiAxisVec, IndexingSetOneHot, IndexItem, SetSubtensor,
-                             SliceItem, Subtensor, TensorItem, one_hot_range_message)
+from ...ops.indexing import (
+    IndexingIncrMultiAxisVec,
+    IndexingMultiAxisVec,
+    IndexingOneHot,
+    IndexingSetMultiAxisVec,
+    IndexingSetOneHot,
+    IndexItem,
+    SetSubtensor,
+    SliceItem,
+    Subtensor,
+    TensorItem,
+    one_hot_range_message,
+)
 from ...ops.shape import Concat
-from .device import (IndexSpec, LaunchConfig, checked_indices, copy, device_constant, fill, flat,
-                     to_device)
+from .device import IndexSpec, LaunchConfig, checked_indices, copy, device_constant, fill, flat, to_device
 from .library import Launcher, cuda_library_kernel
 
 ATOMIC_ADD_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64,

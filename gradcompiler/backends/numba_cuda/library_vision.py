@@ -19,15 +19,23 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numba import cuda, from_dtype
 
 from ...ir import Op, TensorType
-from ...ops.vision import (BORDER_MODES, _image_dims as image_dims, WarpAffine, WarpPerspective, WarpPerspectiveBackwardData,
-                           WarpPerspectiveBackwardMat, WarpPerspectiveTangentMat,
-                           split_backward_inputs)
+from ...ops.vision import (
+    BORDER_MODES,
+    WarpAffine,
+    WarpPerspective,
+    WarpPerspectiveBackwardData,
+    WarpPerspectiveBackwardMat,
+    WarpPerspectiveTangentMat,
+    split_backward_inputs,
+)
+from ...ops.vision import _image_dims as image_dims
 from .device import IndexSpec, LaunchConfig, checked_indices, device_constant, fill, to_device
 from .library import Launcher, cuda_library_kernel
 
