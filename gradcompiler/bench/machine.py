@@ -20,6 +20,7 @@ figures are not meant to be quoted.
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -158,4 +159,20 @@ def measure(quick: bool = False, target: str = "cpu") -> MachineLimits:
                              "cuda: numba triad kernel, " + (f"cuBLAS matmul through {library}" if library != "none"
                                                              else "no SGEMM (neither CuPy nor PyTorch)"))
     return MachineLimits(measure_bandwidth(elements), measure_sgemm(n), elements, n,
-                         numba.get_num_threads())
+                         numba.get_num_threads(), "cpu: numba triad, numpy matmul; " + blas_setting())
+
+
+def blas_setting() -> str:
+    """Which BLAS kernel numpy's matmul (and so ours) runs, and the OpenBLAS variables that
+    chose it: OPENBLAS_CORETYPE=Haswell, set on some machines for old OpenBLAS builds, halves
+    SGEMM on a current one, so every figure says which setting it was measured with."""
+    forced = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
+    setting = ", ".join(f"{k}={v}" for k, v in forced.items()) or "no OPENBLAS_* override"
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return f"BLAS kernel unknown (no threadpoolctl), {setting}"
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    names = dict.fromkeys(f"{i.get('internal_api')} {i.get('architecture')}" for i in blas)
+    kernels = ", ".join(names) or "no BLAS found"
+    return f"{kernels}, {setting}"
