@@ -116,6 +116,46 @@ def test_hessian_blocks_of_an_mlp_loss_match_second_differences():
     assert_close(w_b.reshape(12, 4), b_w.reshape(4, 12).T, rtol=1e-12)  # H is symmetric
 
 
+def test_cnn_layer_jacobians_and_hessian_match_finite_differences():
+    """A convolution layer (conv → batch norm → relu → max-pool) and the Hessian of a loss
+    through one: forward mode through the convolution family's rules of every order."""
+    rng = np.random.default_rng(23)
+    feeds = {"img": rng.standard_normal((1, 2, 5, 5)), "k": rng.standard_normal((2, 2, 3, 3)) * 0.5}
+    with gc.Graph("cnn_layer"):
+        img = gc.param("img", (1, 2, 5, 5), "float64")
+        k = gc.param("k", (2, 2, 3, 3), "float64")
+        gamma = gc.constant(np.array([1.5, 0.5]), "float64")
+        beta = gc.constant(np.array([0.1, -0.2]), "float64")
+        layer = gc.max_pool2d(gc.relu(gc.batch_norm(gc.conv2d(img, k, padding=1), gamma, beta)), 2)
+        loss = (gc.tanh(gc.conv2d(img, k, stride=2)) ** 2).sum()
+    h = 1e-6
+    for name, param in (("img", img), ("k", k)):
+        for mode in ("reverse", "forward"):
+            jacobian = gc.evaluate(gc.jacobian(layer, param, mode=mode), feeds)
+            columns = []
+            for j in range(feeds[name].size):
+                step = np.zeros(feeds[name].size)
+                step[j] = h
+                step = step.reshape(feeds[name].shape)
+                plus = gc.evaluate(layer, {**feeds, name: feeds[name] + step})
+                minus = gc.evaluate(layer, {**feeds, name: feeds[name] - step})
+                columns.append(((plus - minus) / (2 * h)).reshape(-1))
+            numeric = np.stack(columns, axis=1).reshape(layer.shape + feeds[name].shape)
+            assert_close(jacobian, numeric, rtol=1e-5, atol=1e-7, label=f"d layer / d {name} ({mode})")
+    hessian = gc.evaluate(gc.hessian(loss, k), feeds).reshape(36, 36)
+    gradient = gc.grad(loss, k)
+    columns = []
+    for j in range(36):
+        step = np.zeros(36)
+        step[j] = h
+        step = step.reshape(2, 2, 3, 3)
+        plus = gc.evaluate(gradient, {**feeds, "k": feeds["k"] + step})
+        minus = gc.evaluate(gradient, {**feeds, "k": feeds["k"] - step})
+        columns.append(((plus - minus) / (2 * h)).reshape(-1))
+    assert_close(hessian, np.stack(columns, axis=1), rtol=1e-5, atol=1e-7)
+    assert_close(hessian, hessian.T, rtol=1e-10, atol=1e-12)
+
+
 def test_a_jacobian_compiles():
     output, params = _graph(COMPOSITIONS["layer_norm"])
     jacobian = gc.jacobian(output, params["x"])
