@@ -43,11 +43,15 @@ class Emitter:
         return f"{self.prefix}_{self.count}"
 
     def node(self, op_type: str, inputs: Sequence[str], **attrs: Any) -> str:
+        return self.multi(op_type, inputs, 1, **attrs)[0]
+
+    def multi(self, op_type: str, inputs: Sequence[str], count: int, **attrs: Any) -> list[str]:
+        """A node with `count` outputs (MaxPool's values and Indices); their names."""
         from onnx import helper
 
-        out = self.fresh()
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
-        return out
+        outs = [self.fresh() for _ in range(count)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, **attrs))
+        return outs
 
     def const(self, array: np.ndarray) -> str:
         """A Constant node, not an initializer: the importer makes float initializers
