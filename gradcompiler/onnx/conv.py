@@ -257,8 +257,8 @@ def _no_values_input(op, ins) -> None:
     from ..errors import OnnxError
 
     if len(ins) > 1:
-        raise OnnxError(f"to_onnx: {op.label} of a second (values) input, which max-pooling "
-                        "gradients of second order use, has no ONNX equivalent")
+        raise OnnxError("max pooling of a second (values) input, which second-order "
+                        "max-pooling gradients use, has no ONNX equivalent")
 
 
 def export_pooling(op, ins, out, e):

@@ -126,7 +126,10 @@ def to_onnx(source, path: str | os.PathLike | None = None, names: Sequence[str] 
             values[node_id] = emitter.const(node.op.reference())
             continue
         ins = [values[i] for i in node.inputs]
-        values[node_id] = EXPORTS[export_key(node.op)](node.op, ins, node.type, emitter)
+        try:
+            values[node_id] = EXPORTS[export_key(node.op)](node.op, ins, node.type, emitter)
+        except OnnxError as err:  # a rule refusing one configuration of its op
+            raise OnnxError(f"to_onnx: {_describe(node)}: {err}") from None
         emitter.types[values[node_id]] = (node.type.shape, node.type.dtype)
     outs = []
     for name, node_id in zip(names, outputs):

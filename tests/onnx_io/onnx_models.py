@@ -72,7 +72,7 @@ def cnn(dtype=np.float64, channels=2, filters=4, image=6, classes=5, seed=0):
           dilations=[1, 1], group=1, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1]),
         n("BatchNormalization", ["conv", "bn.weight", "bn.bias", "bn.running_mean",
                                  "bn.running_var"], ["bn"], name="/bn/BatchNormalization",
-          epsilon=1e-5, momentum=0.9),
+          epsilon=1e-5, momentum=0.9, training_mode=0),
         n("Relu", ["bn"], ["act"], name="/Relu"),
         n("MaxPool", ["act"], ["pool"], name="/MaxPool", ceil_mode=0, kernel_shape=[2, 2],
           pads=[0, 0, 0, 0], strides=[2, 2]),
