@@ -56,7 +56,7 @@ def _along(x: Tensor, axis: int, part: slice) -> Tensor:
     return x[tuple(key)]
 
 
-def _pad_axis(c, x: Tensor, axis: int, before: int, after: int, mode: str, value) -> Tensor:
+def pad_axis(c, x: Tensor, axis: int, before: int, after: int, mode: str, value) -> Tensor:
     """x padded (or, for negative amounts, cropped) along one axis."""
     n = x.shape[axis]
     x = _along(x, axis, slice(max(-before, 0), n - max(-after, 0)))
@@ -104,7 +104,7 @@ def pad(c):
     if mode == "constant" and value is None:
         value = gc.zeros((), x.dtype) if x.dtype.kind == "f" else gc.constant(np.zeros((), x.dtype))
     for k, axis in enumerate(axes):
-        x = _pad_axis(c, x, axis, pads[k], pads[k + len(axes)], mode, value)
+        x = pad_axis(c, x, axis, pads[k], pads[k + len(axes)], mode, value)
     return [x]
 
 

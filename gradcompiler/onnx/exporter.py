@@ -43,11 +43,15 @@ class Emitter:
         return f"{self.prefix}_{self.count}"
 
     def node(self, op_type: str, inputs: Sequence[str], **attrs: Any) -> str:
+        return self.multi(op_type, inputs, 1, **attrs)[0]
+
+    def multi(self, op_type: str, inputs: Sequence[str], count: int, **attrs: Any) -> list[str]:
+        """A node with `count` outputs (MaxPool's values and Indices); their names."""
         from onnx import helper
 
-        out = self.fresh()
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
-        return out
+        outs = [self.fresh() for _ in range(count)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, **attrs))
+        return outs
 
     def const(self, array: np.ndarray) -> str:
         """A Constant node, not an initializer: the importer makes float initializers
@@ -122,7 +126,10 @@ def to_onnx(source, path: str | os.PathLike | None = None, names: Sequence[str] 
             values[node_id] = emitter.const(node.op.reference())
             continue
         ins = [values[i] for i in node.inputs]
-        values[node_id] = EXPORTS[export_key(node.op)](node.op, ins, node.type, emitter)
+        try:
+            values[node_id] = EXPORTS[export_key(node.op)](node.op, ins, node.type, emitter)
+        except OnnxError as err:  # a rule refusing one configuration of its op
+            raise OnnxError(f"to_onnx: {_describe(node)}: {err}") from None
         emitter.types[values[node_id]] = (node.type.shape, node.type.dtype)
     outs = []
     for name, node_id in zip(names, outputs):

@@ -18,7 +18,7 @@ import numpy as np
 
 import gradcompiler as gc
 
-from . import compose
+from . import compose, conv
 
 
 @dataclass(frozen=True)
@@ -234,6 +234,16 @@ TABLE: dict[str, Row] = {
                                    ("ignore_index", "reduction")),
     "NegativeLogLikelihoodLoss": Row(compose.negative_log_likelihood,
                                      ("ignore_index", "reduction")),
+    # convolution, pooling, batch norm (2-d; the padding rules in conv.py)
+    "Conv": Row(conv.conv, ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")),
+    "ConvTranspose": Row(conv.conv_transpose, ("auto_pad", "dilations", "group", "kernel_shape",
+                                               "output_padding", "output_shape", "pads", "strides")),
+    "MaxPool": Row(conv.max_pool, ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads",
+                                   "storage_order", "strides")),
+    "AveragePool": Row(conv.avg_pool, ("auto_pad", "ceil_mode", "count_include_pad", "dilations",
+                                       "kernel_shape", "pads", "strides")),
+    "GlobalAveragePool": Row(conv.global_avg_pool),
+    "BatchNormalization": Row(conv.batch_norm, ("epsilon", "momentum", "training_mode")),
     # reductions
     **{name: Row(compose.reduction(fn, empty), ("axes", "keepdims", "noop_with_empty_axes"))
        for name, (fn, empty) in {
@@ -476,82 +486,10 @@ EXPORTS: dict[str, Callable] = {
     "Subtensor": _subtensor,
     "IndexingOneHot": _along_axis("GatherElements"),
     "IndexingSetOneHot": _along_axis("ScatterElements"),
-}
-
-
-# -- pending: convolution, pooling and batch norm -------------------------------------
-# These rows build on gc.conv2d, gc.conv_transpose2d, gc.max_pool2d, gc.avg_pool2d and
-# gc.batch_norm, which arrive with the convolution branch; until it is merged they are kept
-# out of TABLE (merge them in with `TABLE.update(CONV_ROWS)` beside the other rows).
-
-def _symmetric_pads(c, rank: int = 2) -> tuple[int, ...]:
-    pads = list(c.attr("pads", [0] * 2 * rank))
-    if c.attr("auto_pad", "NOTSET") != "NOTSET":
-        raise c.refuse("auto_pad", c.attr("auto_pad"), "NOTSET, with explicit pads")
-    if pads[:rank] != pads[rank:]:
-        raise c.refuse("pads", pads, "the same padding before and after each axis")
-    return tuple(pads[:rank])
-
-
-def _conv(c):
-    x, w, bias = c.x(0), c.x(1), c.opt(2)
-    if x.ndim != 4:
-        raise c.error(f"{x.ndim - 2}-d convolution; 2-d (NCHW) is supported")
-    return [gc.conv2d(x, w, bias, stride=tuple(c.attr("strides", [1, 1])),
-                      padding=_symmetric_pads(c), dilation=tuple(c.attr("dilations", [1, 1])),
-                      groups=int(c.attr("group", 1)))]
-
-
-def _conv_transpose(c):
-    x, w, bias = c.x(0), c.x(1), c.opt(2)
-    if c.attr("output_shape") is not None:
-        raise c.refuse("output_shape", c.attr("output_shape"), "pads and output_padding")
-    return [gc.conv_transpose2d(x, w, bias, stride=tuple(c.attr("strides", [1, 1])),
-                                padding=_symmetric_pads(c),
-                                output_padding=tuple(c.attr("output_padding", [0, 0])),
-                                dilation=tuple(c.attr("dilations", [1, 1])),
-                                groups=int(c.attr("group", 1)))]
-
-
-def _pool_args(c):
-    if c.attr("dilations", [1, 1]) != [1, 1]:
-        raise c.refuse("dilations", c.attr("dilations"), "1")
-    kernel = tuple(c.attr("kernel_shape"))
-    return {"kernel_size": kernel, "stride": tuple(c.attr("strides", kernel)),
-                "padding": _symmetric_pads(c), "ceil_mode": bool(c.attr("ceil_mode", 0))}
-
-
-def _max_pool(c):
-    if c.wants(1):
-        raise c.error("the Indices output is not supported")
-    if c.attr("storage_order", 0):
-        raise c.refuse("storage_order", c.attr("storage_order"), "0")
-    return [gc.max_pool2d(c.x(0), **_pool_args(c))]
-
-
-def _avg_pool(c):
-    include = bool(c.attr("count_include_pad", 0))
-    return [gc.avg_pool2d(c.x(0), **_pool_args(c), count_include_pad=include)]
-
-
-def _batch_norm(c):
-    if c.attr("training_mode", 0):
-        raise c.refuse("training_mode", 1, "0: inference, with the running statistics")
-    x, scale, bias, mean, var = (c.x(i) for i in range(5))
-    return [gc.batch_norm(x, scale, bias, mean, var, training=False,
-                          eps=c.attr("epsilon", 1e-5))]
-
-
-CONV_ROWS: dict[str, Row] = {
-    "Conv": Row(_conv, ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")),
-    "ConvTranspose": Row(_conv_transpose, ("auto_pad", "dilations", "group", "kernel_shape",
-                                           "output_padding", "output_shape", "pads",
-                                           "strides")),
-    "MaxPool": Row(_max_pool, ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads",
-                               "storage_order", "strides")),
-    "AveragePool": Row(_avg_pool, ("auto_pad", "ceil_mode", "count_include_pad", "dilations",
-                                   "kernel_shape", "pads", "strides")),
-    "GlobalAveragePool": Row(lambda c: [gc.mean(c.x(0), tuple(range(2, c.x(0).ndim)),
-                                                keepdims=True)]),
-    "BatchNormalization": Row(_batch_norm, ("epsilon", "momentum", "training_mode")),
+    "Convolution": conv.export_convolution,
+    "ConvolutionBackwardData": conv.export_backward_data,
+    "ConvolutionBackwardFilter": conv.export_backward_filter,
+    **{f"{cls} {mode}": rule for cls, rule in (("Pooling", conv.export_pooling),
+                                                ("PoolingBackward", conv.export_pooling_backward))
+       for mode in ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING")},
 }

@@ -1,7 +1,8 @@
 """Small ONNX models written with onnx.helper, as PyTorch's exporter would write them: an
-MLP (Gemm, MatMul, Add, Relu, Tanh) and a pre-LN transformer block (LayerNormalization,
-MatMul, Softmax, Gelu, and the Shape → Gather → Unsqueeze → Concat → Reshape arithmetic
-around the head split). Weights are initializers; the batch dimension is symbolic."""
+MLP (Gemm, MatMul, Add, Relu, Tanh), a CNN (Conv, BatchNormalization in inference mode,
+Relu, MaxPool, Flatten, Gemm) and a pre-LN transformer block (LayerNormalization, MatMul,
+Softmax, Gelu, and the Shape → Gather → Unsqueeze → Concat → Reshape arithmetic around the
+head split). Weights are initializers; the batch dimension is symbolic."""
 
 from __future__ import annotations
 
@@ -46,6 +47,42 @@ def mlp(dtype=np.float64, sizes=(6, 8, 5, 3), seed=0):
     x = helper.make_tensor_value_info("x", elem, ["batch", sizes[0]])
     y = helper.make_tensor_value_info("logits", elem, ["batch", sizes[-1]])
     return _model(nodes, [x], [y], weights, "mlp")
+
+
+def cnn(dtype=np.float64, channels=2, filters=4, image=6, classes=5, seed=0):
+    """conv 3x3 (pad 1) → batch norm → relu → max-pool 2x2 → flatten → linear, with the
+    attributes torch.onnx.export writes for Conv2d, BatchNorm2d (after .eval()),
+    MaxPool2d and Linear at opset 17."""
+    rng = np.random.default_rng(seed)
+    elem = ELEM[dtype]
+    pooled = filters * (image // 2) ** 2
+    weights = {
+        "conv.weight": (rng.standard_normal((filters, channels, 3, 3)) / 4).astype(dtype),
+        "conv.bias": (0.1 * rng.standard_normal(filters)).astype(dtype),
+        "bn.weight": (1 + 0.1 * rng.standard_normal(filters)).astype(dtype),
+        "bn.bias": (0.1 * rng.standard_normal(filters)).astype(dtype),
+        "bn.running_mean": (0.1 * rng.standard_normal(filters)).astype(dtype),
+        "bn.running_var": (1 + 0.2 * rng.random(filters)).astype(dtype),
+        "fc.weight": (rng.standard_normal((classes, pooled)) / np.sqrt(pooled)).astype(dtype),
+        "fc.bias": (0.1 * rng.standard_normal(classes)).astype(dtype),
+    }
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "conv.weight", "conv.bias"], ["conv"], name="/conv/Conv",
+          dilations=[1, 1], group=1, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1]),
+        n("BatchNormalization", ["conv", "bn.weight", "bn.bias", "bn.running_mean",
+                                 "bn.running_var"], ["bn"], name="/bn/BatchNormalization",
+          epsilon=1e-5, momentum=0.9, training_mode=0),
+        n("Relu", ["bn"], ["act"], name="/Relu"),
+        n("MaxPool", ["act"], ["pool"], name="/MaxPool", ceil_mode=0, kernel_shape=[2, 2],
+          pads=[0, 0, 0, 0], strides=[2, 2]),
+        n("Flatten", ["pool"], ["flat"], name="/Flatten", axis=1),
+        n("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"], name="/fc/Gemm", alpha=1.0,
+          beta=1.0, transB=1),
+    ]
+    x = helper.make_tensor_value_info("x", elem, ["batch", channels, image, image])
+    y = helper.make_tensor_value_info("logits", elem, ["batch", classes])
+    return _model(nodes, [x], [y], weights, "cnn")
 
 
 def transformer_block(dtype=np.float64, tokens=4, dim=8, heads=2, hidden=16, seed=0):

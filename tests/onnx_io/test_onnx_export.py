@@ -13,7 +13,7 @@ import gradcompiler as gc
 from gradcompiler.errors import OnnxError
 from gradcompiler.onnx.op_table import TABLE
 
-from onnx_models import mlp, transformer_block
+from onnx_models import cnn, mlp, transformer_block
 from oracle import assert_close
 
 
@@ -57,6 +57,42 @@ def test_exported_mlp_training_step_runs_in_onnxruntime(rng, tmp_path):
     assert [o.name for o in model.graph.output][:2] == ["loss", "grad_0"]
 
 
+def test_exported_cnn_training_step_runs_in_onnxruntime(rng, tmp_path):
+    """Conv, batch norm, relu, max-pool, linear, cross-entropy: the backward graph holds
+    ConvolutionBackwardFilter (a Conv) and MAX PoolingBackward (MaxPool's Indices and a
+    ScatterElements); the input is not differentiated, so no ConvolutionBackwardData."""
+    def loss(m):
+        return gc.cross_entropy(m.outputs[0], gc.input("labels", (3,), "int32"))
+
+    m, outputs = _training_step(cnn(np.float32), (3, 2, 6, 6), loss)
+    feeds = {"x": rng.standard_normal((3, 2, 6, 6)).astype(np.float32),
+             "labels": np.array([1, 4, 0], np.int32), **m.param_feeds()}
+    model = _check_against_onnxruntime(outputs, feeds, tmp_path)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Conv") == 2 and {"MaxPool", "ScatterElements"} <= set(ops)
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_exported_convolution_and_pooling_gradients_run_in_onnxruntime(rng, tmp_path, ceil_mode):
+    """Grouped, strided, dilated, padded convolutions and both average modes: every export
+    rule of the family, with geometry where the filter gradient's taps overhang the kernel
+    and ceil_mode's last window hangs past the image."""
+    with gc.Graph("convs"):
+        x = gc.param("x", (2, 4, 9, 8))
+        w = gc.param("w", (6, 2, 3, 2))
+        wt = gc.param("wt", (6, 3, 2, 3))
+        y = gc.conv2d(x, w, stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)
+        up = gc.conv_transpose2d(y, wt, stride=2, padding=1, output_padding=1, groups=3)
+        a = gc.avg_pool2d(up, 3, 2, 1, ceil_mode=ceil_mode, count_include_pad=True)
+        b = gc.avg_pool2d(up, 3, 2, 1, ceil_mode=ceil_mode, count_include_pad=False)
+        c = gc.max_pool2d(up, (3, 2), (2, 3), (1, 1), ceil_mode=ceil_mode)
+        loss = gc.sum(a * b) + gc.sum(gc.tanh(c))
+        outputs = [loss, *gc.grad(loss, [x, w, wt])]
+    feeds = {k: rng.standard_normal(shape).astype(np.float32) for k, shape in
+             (("x", x.shape), ("w", w.shape), ("wt", wt.shape))}
+    _check_against_onnxruntime(outputs, feeds, tmp_path)
+
+
 def test_exported_transformer_block_step_runs_in_onnxruntime(rng, tmp_path):
     m, outputs = _training_step(transformer_block(np.float32), (2, 4, 8),
                                 lambda m: gc.mean(m.outputs[0] * m.outputs[0]))
@@ -90,3 +126,16 @@ def test_an_op_without_onnx_equivalent_is_named():
         y = gc.floor(x) * 2.0
     with pytest.raises(OnnxError, match=r"Elemwise FLOOR at .*test_onnx_export.py.* no ONNX "):
         gc.to_onnx(y)
+
+
+def test_max_pooling_of_a_values_input_is_named():
+    """Second-order max-pooling gradients pool one tensor at another's maxima; ONNX has no
+    such op, so the export says which node it is."""
+    with gc.Graph("g"):
+        x = gc.input("x", (1, 1, 4, 4))
+        pooled = gc.max_pool2d(x, 2)
+        (dx,) = gc.grad(gc.sum(pooled * pooled), [x])
+        (ddx,) = gc.grad(gc.sum(dx * dx), [x])
+    with pytest.raises(OnnxError, match=r"%\d+ Pooling MAX at .*test_onnx_export.py.*: max pooling "
+                       r"of a second \(values\) input"):
+        gc.to_onnx(ddx)

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import gradcompiler as gc
 from gradcompiler.errors import OnnxError, UnsupportedOnnxOp
 
-from onnx_models import mlp, transformer_block
+from onnx_models import cnn, mlp, transformer_block
 from oracle import assert_close
 
 
@@ -67,6 +67,83 @@ def test_transformer_block_gradients_and_compiled_step(rng):
     step = gc.compile([loss, *grads], target="cpu")
     for got, want in zip(step(feeds), gc.evaluate([loss, *grads], feeds)):
         assert_close(got, want, rtol=1e-9, scaled_atol=1e-12)
+
+
+def _cnn_step(dtype, batch=3):
+    m = gc.from_onnx(cnn(dtype), shapes={"x": (batch, 2, 6, 6)})
+    with m.graph:
+        loss = gc.cross_entropy(m.outputs[0], gc.input("labels", (batch,), "int32"))
+    return m, loss
+
+
+def test_cnn_matches_onnxruntime(rng):
+    model = cnn(np.float32)
+    m = gc.from_onnx(model, shapes={"x": (3, 2, 6, 6)})
+    x = rng.standard_normal((3, 2, 6, 6)).astype(np.float32)
+    got = gc.evaluate(m.outputs, {"x": x, **m.param_feeds()})[0]
+    assert_close(got, _onnxruntime(model, x=x)[0], rtol=1e-5, scaled_atol=1e-6)
+
+
+def test_cnn_gradients_wrt_params_and_compiled_step(rng):
+    m, loss = _cnn_step(np.float64)
+    params = list(m.params.values())
+    feeds = {"x": rng.standard_normal((3, 2, 6, 6)), "labels": np.array([0, 4, 2], np.int32),
+             **m.param_feeds()}
+    report = gc.check_grads(loss, params, feeds)
+    assert report.ok and len(report.results) == len(params) == 8
+    grads = gc.grad(loss, params)
+    step = gc.compile([loss, *grads], target="cpu")
+    for got, want in zip(step(feeds), gc.evaluate([loss, *grads], feeds)):
+        assert_close(got, want, rtol=1e-9, scaled_atol=1e-12)
+
+
+def _pool_model(op_type, shape, **attrs):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * len(shape))
+    node = helper.make_node(op_type, ["x"], ["y"], **attrs)
+    return helper.make_model(helper.make_graph([node], "pool", [x], [y]),
+                             opset_imports=[helper.make_opsetid("", 19)])
+
+
+@pytest.mark.parametrize("op_type, attrs", [
+    ("MaxPool", {"pads": [0, 1, 2, 0], "ceil_mode": 1}),
+    ("MaxPool", {"pads": [2, 2, 2, 2]}),
+    ("AveragePool", {"pads": [0, 1, 2, 0], "ceil_mode": 1, "count_include_pad": 1}),
+    ("AveragePool", {"pads": [1, 2, 2, 1], "ceil_mode": 1, "count_include_pad": 0}),
+    ("AveragePool", {"pads": [2, 2, 2, 2], "count_include_pad": 0}),
+    ("AveragePool", {"auto_pad": "SAME_LOWER", "strides": [2, 3], "count_include_pad": 0}),
+    ("MaxPool", {"auto_pad": "VALID", "strides": [2, 1]}),
+])
+def test_pooling_padding_the_op_cannot_take_matches_onnxruntime(rng, op_type, attrs):
+    """Asymmetric or over-half-kernel padding, made explicit before the op, and ceil_mode's
+    last window cropped to ONNX's output size."""
+    model = _pool_model(op_type, (2, 3, 7, 8), kernel_shape=[3, 3],
+                        **{"strides": [2, 2], **attrs})
+    m = gc.from_onnx(model)
+    x = rng.standard_normal((2, 3, 7, 8)).astype(np.float32)
+    want = _onnxruntime(model, x=x)[0]
+    got = gc.evaluate(m.outputs, {"x": x})[0]
+    assert_close(got, want, rtol=1e-6, scaled_atol=1e-6)
+
+
+@pytest.mark.parametrize("attrs, match", [
+    ({"dilations": [2, 2]}, r"MaxPool node .*attribute dilations=\[2, 2\] is not supported"),
+    ({"auto_pad": "SAME"}, r"attribute auto_pad='SAME' is not supported"),
+])
+def test_pooling_refusals_name_the_attribute(attrs, match):
+    with pytest.raises(OnnxError, match=match):
+        gc.from_onnx(_pool_model("MaxPool", (1, 1, 5, 5), kernel_shape=[2, 2], **attrs))
+
+
+def test_a_3d_convolution_is_refused_naming_the_rank():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 5)
+    w = numpy_helper.from_array(np.ones((1, 1, 2, 2, 2), np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv3d")
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y], [w]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(OnnxError, match=r"Conv node 'conv3d' .*3-d input .*2-d \(N, C, H, W\)"):
+        gc.from_onnx(model)
 
 
 def test_names_from_the_model_never_reach_generated_code(rng):
