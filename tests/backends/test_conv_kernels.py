@@ -158,3 +158,26 @@ def test_compiled_cnn_step_equals_the_reference(dtype, rng):
     got = gc.compile(outputs, target="cpu")(**feeds)
     for g, want, p in zip(got, gc.evaluate(outputs, feeds), ["loss", *feeds]):
         assert_close(g, want, rtol=RTOL[np.dtype(dtype)], label=p)
+
+
+def _forward_in_child(x, w, queue):
+    library.PARALLEL_MIN_WORK = 0  # the child's spans go to its own worker threads
+    queue.put(run_library_op(Convolution((1, 1), (1, 1)), x, w))
+
+
+def test_convolution_over_threads_in_a_forked_child(rng, parallel_loops):
+    """A child forked after the parent's worker threads started convolves over threads of
+    its own (an inherited pool has no threads and would never run the child's spans)."""
+    import multiprocessing
+
+    x, w = rng.standard_normal((4, 2, 5, 5)), rng.standard_normal((3, 2, 3, 3))
+    op = Convolution((1, 1), (1, 1))
+    assert_matches(op, x, w)  # the parent's pool is running now
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_forward_in_child, args=(x, w, queue))
+    child.start()
+    got = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert_close(got, op.reference(x, w), rtol=RTOL[got.dtype], label="forked child")

@@ -36,6 +36,7 @@ its plane.
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -90,6 +91,16 @@ class _SingleThreadedBlas:
 
 single_threaded_blas = _SingleThreadedBlas()
 _workers: ThreadPoolExecutor | None = None
+
+
+def _forget_workers() -> None:
+    """A forked child has none of the parent's threads: a pool inherited from it would queue
+    work that no thread ever takes, so the child starts a pool of its own."""
+    global _workers
+    _workers = None
+
+
+os.register_at_fork(after_in_child=_forget_workers)
 
 
 def _in_spans(work, spans: list[tuple[int, int]]) -> list:
