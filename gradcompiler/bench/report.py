@@ -26,7 +26,9 @@ torch_eager, torch_compile, jax_jit.
       compiled                the gc.compile step: status ("ok" | "failed"), and when ok
                               median_s, min_s, max_s, steps, warmup,
                               max_rel_error_vs_numpy (max |Δ| / max |numpy| over the
-                              loss and each gradient), correct (error <= 1e-3);
+                              loss and each gradient, numpy run in float64), tolerance
+                              (1e-3; suite.TOLERANCES names the exceptions and why),
+                              correct (error <= tolerance);
                               when failed, error
       peers                   {peer: the same fields as compiled, plus device, or
                               status "skipped" with a note}

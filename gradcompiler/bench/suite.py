@@ -27,8 +27,11 @@ Public entry points (used by `gradcompiler bench` in `cli.py` and by
 
 A workload that fails to build, compile or run is recorded with its error
 and the suite goes on; so is a peer. Every peer is checked against
-`numpy_manual` (the hand-written step, and the benchmark's own oracle), and
-so is the compiled step: a fast wrong answer is reported as wrong.
+`numpy_manual` run in float64 (the hand-written step, and the benchmark's
+own oracle), and so is the compiled step: a fast wrong answer is reported
+as wrong. The float64 run is the reference because float32 rounding is not
+the same in any two contenders: against the float32 numpy step, an accurate
+compiled step would inherit numpy's own rounding error.
 """
 
 from __future__ import annotations
@@ -63,8 +66,16 @@ from .workloads import Workload
 SCHEMA = "gradcompiler-bench/1"
 FULL_STEPS, FULL_WARMUP = 20, 3
 QUICK_STEPS, QUICK_WARMUP = 5, 2
-# float32 losses sum millions of terms; the error is relative to each output's largest magnitude
+# Every contender's float32 outputs are compared with the numpy step run in float64 (once per
+# workload), relative to each output's largest magnitude: float32 losses sum millions of terms.
 TOLERANCE = 1e-3
+# Per workload, where float32 rounding alone goes further, with the reason:
+# cnn: batch norm's gradient, count·dy − Σdy − x̂·Σ(dy·x̂), cancels sums of 16,384 to 65,536
+# float32 terms per channel; their rounding leaves each channel's dz a bias of one sign, which the
+# filter gradient's sum over the batch adds up coherently. numpy's float32 step (float32
+# accumulators over the non-contiguous axes) lands 2.6e-2 from float64 on down_w at full size
+# (the compiled step 2.4e-6); a gradient wrong by a term, a factor or a sign is off by O(1).
+TOLERANCES = {"cnn": 5e-2}
 FIRST_CALL_TIMEOUT_S = 1800
 
 Log = Callable[[str], None] | None
@@ -96,9 +107,23 @@ def _failure(err: BaseException) -> dict[str, Any]:
     return dict(status="failed", error=f"{type(err).__name__}: {err}{where}")
 
 
-def _checked(outputs: list[np.ndarray], oracle: list[np.ndarray]) -> dict[str, Any]:
+def tolerance(name: str) -> float:
+    """The largest relative error from the float64 numpy step that counts as correct."""
+    return TOLERANCES.get(name, TOLERANCE)
+
+
+def checked(name: str, outputs: list[np.ndarray], oracle: list[np.ndarray]) -> dict[str, Any]:
+    """The error of a contender's outputs against `oracle` (`float64_oracle`) and its verdict."""
     error = peer_registry.max_relative_error(outputs, oracle)
-    return dict(max_rel_error_vs_numpy=error, correct=bool(error <= TOLERANCE))
+    return dict(max_rel_error_vs_numpy=error, tolerance=tolerance(name),
+                correct=bool(error <= tolerance(name)))
+
+
+def float64_oracle(name: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The numpy step of workload `name` on float64 copies of the float feeds: the reference
+    every float32 contender, the numpy step itself included, is measured against."""
+    wide = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in feeds.items()}
+    return [np.asarray(v) for v in peer_registry.manual.STEPS[name](wide)]
 
 
 def step_runner(step: Callable[..., Any], feeds: dict, target: str) -> Callable[[], Any]:
@@ -126,11 +151,11 @@ def measure_compiled(work: Workload, feeds: dict, oracle: list[np.ndarray], targ
                      steps: int, warmup: int) -> dict[str, Any]:
     try:
         run = step_runner(compile_step(work, target), feeds, target)
-        checked = _checked(materialise(run()), oracle)
+        verdict = checked(work.name, materialise(run()), oracle)
         timing = time_calls(run, steps, warmup)
     except Exception as err:  # noqa: BLE001 - recorded in the report, the suite goes on
         return _failure(err)
-    return dict(status="ok", **timing, **checked)
+    return dict(status="ok", **timing, **verdict)
 
 
 def measure_peer(peer: peer_registry.Peer, work: Workload, feeds: dict, oracle: list[np.ndarray],
@@ -139,11 +164,11 @@ def measure_peer(peer: peer_registry.Peer, work: Workload, feeds: dict, oracle: 
         return dict(status="skipped", note=peer.note)
     try:
         prepared = peer.prepare(work, feeds, target)
-        checked = _checked(prepared.to_numpy(prepared.run()), oracle)
+        verdict = checked(work.name, prepared.to_numpy(prepared.run()), oracle)
         timing = time_calls(prepared.run, steps, warmup)
     except Exception as err:  # noqa: BLE001
         return _failure(err)
-    return dict(status="ok", device=prepared.device, **timing, **checked)
+    return dict(status="ok", device=prepared.device, **timing, **verdict)
 
 
 def _first_call_process(name: str, target: str, size: str, cache_dir: str) -> dict[str, float]:
@@ -206,11 +231,17 @@ def _log(log: Log, line: str) -> None:
         log(line)
 
 
+_oracles: dict[tuple[str, str], list[np.ndarray]] = {}
+
+
 def _prepare(name: str, size: str):
-    """The workload, its feeds, and the numpy step's outputs every contender is checked against."""
+    """The workload, its feeds, and the float64 outputs every contender is checked against
+    (computed once per workload and size: the compiled step and the peers share them)."""
     work = workload_registry.build(name, size)
     feeds = workload_registry.feeds_for(work)
-    return work, feeds, [np.asarray(v) for v in peer_registry.manual.STEPS[name](feeds)]
+    if (name, size) not in _oracles:
+        _oracles[name, size] = float64_oracle(name, feeds)
+    return work, feeds, _oracles[name, size]
 
 
 def measure_workload(name: str, target: str, size: str, steps: int, warmup: int,

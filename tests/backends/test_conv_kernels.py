@@ -78,6 +78,35 @@ def test_convolution_in_chunks_and_in_parallel(case, rng, small_chunks, parallel
     assert_matches(filt, x, dy)
 
 
+
+WIDE_CASES = {  # padding, stride and dilation that leave whole rows and column runs outside
+    "stride3_pad2": ((5, 3, 7, 8), (4, 3, 3, 3), (3, 3), (2, 2), (1, 1), 1),
+    "dilation3_pad3": ((5, 2, 6, 9), (4, 2, 2, 3), (1, 2), (3, 3), (3, 2), 1),
+    "groups_stride2": ((5, 4, 9, 6), (6, 2, 3, 1), (2, 1), (1, 0), (1, 1), 2),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", list(WIDE_CASES))
+def test_convolution_over_threads_in_chunks_of_two(case, dtype, rng, monkeypatch,
+                                                   parallel_loops):
+    """A batch of 5 over the threads' spans (uneven), each span in chunks of two images and a
+    remainder, so every image's columns come from a reused buffer of another image's."""
+    x_shape, w_shape, stride, padding, dilation, groups = WIDE_CASES[case]
+    params = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+    forward = Convolution(**params)
+    y_shape = forward.infer(TensorType(x_shape, dtype), TensorType(w_shape, dtype)).shape
+    rows = x_shape[1] * w_shape[2] * w_shape[3]
+    monkeypatch.setattr(library_conv, "COLUMN_BYTES", 2 * rows * y_shape[2] * y_shape[3]
+                        * np.dtype(dtype).itemsize)
+    x, w = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(w_shape).astype(dtype)
+    dy = rng.standard_normal(y_shape).astype(dtype)
+    for _ in range(2):  # the second call reuses the buffers the first one filled
+        assert_matches(forward, x, w)
+        assert_matches(ConvolutionBackwardData(**params, image=x_shape[2:]), w, dy)
+        assert_matches(ConvolutionBackwardFilter(**params, kernel=w_shape[2:]), x, dy)
+
+
 POOL_CASES = {  # x shape, kernel, stride, padding, ceil_mode
     "3x3_s2_p1": ((3, 2, 7, 6), (3, 3), (2, 2), (1, 1), False),
     "ceil_pad": ((2, 1, 6, 6), (3, 3), (2, 2), (1, 1), True),
@@ -129,3 +158,26 @@ def test_compiled_cnn_step_equals_the_reference(dtype, rng):
     got = gc.compile(outputs, target="cpu")(**feeds)
     for g, want, p in zip(got, gc.evaluate(outputs, feeds), ["loss", *feeds]):
         assert_close(g, want, rtol=RTOL[np.dtype(dtype)], label=p)
+
+
+def _forward_in_child(x, w, queue):
+    library.PARALLEL_MIN_WORK = 0  # the child's spans go to its own worker threads
+    queue.put(run_library_op(Convolution((1, 1), (1, 1)), x, w))
+
+
+def test_convolution_over_threads_in_a_forked_child(rng, parallel_loops):
+    """A child forked after the parent's worker threads started convolves over threads of
+    its own (an inherited pool has no threads and would never run the child's spans)."""
+    import multiprocessing
+
+    x, w = rng.standard_normal((4, 2, 5, 5)), rng.standard_normal((3, 2, 3, 3))
+    op = Convolution((1, 1), (1, 1))
+    assert_matches(op, x, w)  # the parent's pool is running now
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_forward_in_child, args=(x, w, queue))
+    child.start()
+    got = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert_close(got, op.reference(x, w), rtol=RTOL[got.dtype], label="forked child")

@@ -8,14 +8,24 @@ are a batch dimension of the product, so depthwise and grouped filters
 take the same path. The chunk is sized so the column buffer stays near
 `COLUMN_BYTES` (cache-friendly, and a fixed cost whatever the batch).
 
+The batch is split into one contiguous span of images per thread
+(`partition_count`), and each thread unfolds, multiplies and folds its own
+span with a column buffer of its own, calling BLAS single-threaded
+(`single_threaded_blas`). Threaded BLAS inside a short product is what made
+the first version slow: on a shared 2-core machine OpenBLAS's threads wait
+for each other inside every GEMM (a 32×288×65536 filter gradient took 20×
+the CPU time of the one-thread call), while threads that own whole images
+never wait for each other until the convolution ends.
+
 * 1×1 filters with stride 1 and no padding skip the unfolding: the image
   already is its column matrix.
 * BackwardData multiplies the transposed filters into the column buffer
-  and folds it back (col2im, parallel over image planes, so each thread
-  owns the pixels it adds into): every output pixel's contribution lands
-  where its taps read, with no zero-stuffed dilated gradient for stride > 1.
+  and folds it back (col2im, per image plane, so each thread owns the
+  pixels it adds into): every output pixel's contribution lands where its
+  taps read, with no zero-stuffed dilated gradient for stride > 1.
 * BackwardFilter unfolds the images again and multiplies the gradient by
-  the transposed columns, summing the per-image products of each chunk.
+  the transposed columns; each thread sums its span's per-image products,
+  and the threads' sums are added at the end.
 
 Pooling is a direct loop per (image, channel) plane with torch's window
 geometry; MAX tracks the first maximum (strict >, row-major), reads the
@@ -26,90 +36,185 @@ its plane.
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
 import numpy as np
 from numba import njit, prange
 
 from ...ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, Geometry
 from ...ops.pool import POOL_MODES, Pooling, PoolingBackward
-from .library import LibraryKernel, ParallelLoop, library_kernel
+from .library import LibraryKernel, ParallelLoop, library_kernel, partition_count
 
 COLUMN_BYTES = 8 << 20
 _MAX, _AVERAGE, _EXCLUDE_PADDING = (POOL_MODES.index(m) for m in
                                     ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING"))
 
 
+# -- threads and BLAS -------------------------------------------------------------------------
+
+class _SingleThreadedBlas:
+    """A context in which numpy's BLAS runs on one thread (threadpoolctl), re-entrant across
+    threads: the first to enter saves the thread count, the last to leave restores it, so two
+    executables convolving at once cannot leave BLAS at one thread."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.saved = None
+        self.libraries = None
+
+    def _blas(self):
+        if self.libraries is None:
+            from threadpoolctl import ThreadpoolController
+
+            self.libraries = ThreadpoolController().select(user_api="blas").lib_controllers
+        return self.libraries
+
+    def __enter__(self):
+        with self.lock:
+            if self.depth == 0:
+                self.saved = [lib.num_threads for lib in self._blas()]
+                for lib in self.libraries:
+                    lib.set_num_threads(1)
+            self.depth += 1
+
+    def __exit__(self, *exc):
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0:
+                for lib, threads in zip(self.libraries, self.saved):
+                    lib.set_num_threads(threads)
+
+
+single_threaded_blas = _SingleThreadedBlas()
+_workers: ThreadPoolExecutor | None = None
+
+
+def _forget_workers() -> None:
+    """A forked child has none of the parent's threads: a pool inherited from it would queue
+    work that no thread ever takes, so the child starts a pool of its own."""
+    global _workers
+    _workers = None
+
+
+os.register_at_fork(after_in_child=_forget_workers)
+
+
+def _in_spans(work, spans: list[tuple[int, int]]) -> list:
+    """`work(part, first, stop)` for each span of images, the first on the calling thread and
+    the others on worker threads; the results in span order (a worker's exception is raised
+    here)."""
+    global _workers
+    with single_threaded_blas:
+        if len(spans) == 1:
+            return [work(0, *spans[0])]
+        if _workers is None:  # as many workers as Numba could ever be asked to use
+            _workers = ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS,
+                                          thread_name_prefix="gradcompiler-conv")
+        futures = [_workers.submit(work, part, *span) for part, span in enumerate(spans) if part]
+        return [work(0, *spans[0])] + [f.result() for f in futures]
+
+
 # -- convolution loops ------------------------------------------------------------------------
 
-@ParallelLoop
-def _im2col_loop(x, cols, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-                 out_w):
+@njit(inline="always", cache=True, error_model="numpy")
+def _inside(count, stride, offset, size):
+    """[lo, hi): the output positions o < count whose input o·stride + offset is in [0, size)."""
+    lo = max(0, (stride - 1 - offset) // stride)
+    hi = min(count, (size - 1 - offset) // stride + 1)
+    return lo, max(lo, hi)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _im2col(x, cols, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, out_w):
     """cols[b, (c·KH + kh)·KW + kw, oh·OW + ow] = x[first + b, c, ih, iw], 0 in the padding."""
     count, rows, pixels = cols.shape
     height, width = x.shape[2], x.shape[3]
     taps = rows // x.shape[1]
-    for job in prange(count * rows):
-        b = np.int64(job) // rows
-        row = np.int64(job) - b * rows
-        c = row // taps
-        kh = (row - c * taps) // kernel_w
-        kw = row - c * taps - kh * kernel_w
-        for p in range(pixels):
-            oh = p // out_w
-            ih = oh * stride_h - pad_h + kh * dil_h
-            iw = (p - oh * out_w) * stride_w - pad_w + kw * dil_w
-            inside = ih >= 0 and ih < height and iw >= 0 and iw < width
-            cols[b, row, p] = x[first + b, c, ih, iw] if inside else 0
+    out_h = pixels // out_w
+    for b in range(count):
+        for row in range(rows):
+            c = row // taps
+            kh = (row - c * taps) // kernel_w
+            kw = row - c * taps - kh * kernel_w
+            offset = kw * dil_w - pad_w
+            lo, hi = _inside(out_w, stride_w, offset, width)
+            image, line = x[first + b, c], cols[b, row]
+            for oh in range(out_h):
+                ih = oh * stride_h - pad_h + kh * dil_h
+                base = oh * out_w
+                if ih < 0 or ih >= height:
+                    line[base:base + out_w] = 0
+                    continue
+                line[base:base + lo] = 0
+                for ow in range(lo, hi):
+                    line[base + ow] = image[ih, ow * stride_w + offset]
+                line[base + hi:base + out_w] = 0
 
 
-@ParallelLoop
-def _col2im_loop(cols, dx, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-                 out_w):
+@njit(cache=True, nogil=True, error_model="numpy")
+def _col2im(cols, dx, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, out_w):
     """dx[first + b, c] = Σ over the taps and output pixels that read each pixel of plane c."""
     count, rows, pixels = cols.shape
     channels, height, width = dx.shape[1], dx.shape[2], dx.shape[3]
     taps = rows // channels
-    for job in prange(count * channels):
-        b = np.int64(job) // channels
-        c = np.int64(job) - b * channels
-        plane = dx[first + b, c]
-        plane[:, :] = 0
-        for t in range(taps):
-            kh = t // kernel_w
-            kw = t - kh * kernel_w
-            row = c * taps + t
-            for p in range(pixels):
-                oh = p // out_w
-                ih = oh * stride_h - pad_h + kh * dil_h
-                iw = (p - oh * out_w) * stride_w - pad_w + kw * dil_w
-                if ih >= 0 and ih < height and iw >= 0 and iw < width:
-                    plane[ih, iw] += cols[b, row, p]
+    out_h = pixels // out_w
+    for b in range(count):
+        for c in range(channels):
+            plane = dx[first + b, c]
+            plane[:, :] = 0
+            for t in range(taps):
+                kh = t // kernel_w
+                kw = t - kh * kernel_w
+                offset = kw * dil_w - pad_w
+                lo, hi = _inside(out_w, stride_w, offset, width)
+                line = cols[b, c * taps + t]
+                for oh in range(out_h):
+                    ih = oh * stride_h - pad_h + kh * dil_h
+                    if ih < 0 or ih >= height:
+                        continue
+                    base = oh * out_w
+                    for ow in range(lo, hi):
+                        plane[ih, ow * stride_w + offset] += line[base + ow]
 
 
 class _Columns:
-    """The geometry of one convolution and its reused column buffer."""
+    """The geometry of one convolution, its spans of images (one per thread) and their reused
+    column buffers."""
 
     def __init__(self, g: Geometry, dtype: np.dtype):
         self.g, self.dtype = g, dtype
         self.taps = g.kernel[0] * g.kernel[1]
         self.pixels = g.out[0] * g.out[1]
         self.rows = g.c * self.taps
-        per_image = max(1, self.rows * self.pixels * dtype.itemsize)
-        self.chunk = max(1, min(g.n, COLUMN_BYTES // per_image))
         self.direct = g.kernel == (1, 1) and g.stride == (1, 1) and g.padding == (0, 0)
-        self.buffer = None if self.direct else np.empty((self.chunk, self.rows, self.pixels), dtype)
+        parts = max(1, min(g.n, partition_count(g.n * self.rows * self.pixels)))
+        bounds = [g.n * p // parts for p in range(parts + 1)]
+        self.spans = list(zip(bounds[:-1], bounds[1:]))
+        per_image = max(1, self.rows * self.pixels * dtype.itemsize)
+        self.chunk = max(1, min(-(-g.n // parts), COLUMN_BYTES // per_image))
+        self.buffers = [] if self.direct else [
+            np.empty((self.chunk, self.rows, self.pixels), dtype) for _ in self.spans]
         self.args = (g.kernel[1], *g.stride, *g.padding, *g.dilation, g.out[1])
 
-    def chunks(self):
-        """(first image, buffer view) for each chunk of the batch."""
-        for first in range(0, self.g.n, self.chunk):
-            yield first, self.buffer[:min(self.chunk, self.g.n - first)]
+    def run(self, work) -> list:
+        """`work(part, first, stop)` over the spans, each on a thread of its own."""
+        return _in_spans(work, self.spans)
+
+    def chunks(self, part: int, first: int, stop: int):
+        """(first image, buffer view) for each chunk of the span [first, stop)."""
+        for start in range(first, stop, self.chunk):
+            yield start, self.buffers[part][:min(self.chunk, stop - start)]
 
     def unfold(self, x: np.ndarray, first: int, cols: np.ndarray) -> np.ndarray:
-        _im2col_loop(cols.size, x, cols, first, *self.args)
+        _im2col(x, cols, first, *self.args)
         return cols
 
     def fold(self, cols: np.ndarray, dx: np.ndarray, first: int) -> None:
-        _col2im_loop(cols.size, cols, dx, first, *self.args)
+        _col2im(cols, dx, first, *self.args)
 
     def grouped(self, cols: np.ndarray) -> np.ndarray:
         """(count, G, C/G · taps, pixels) view of a column chunk."""
@@ -143,12 +248,17 @@ class _Forward(_ConvKernel):
         c = self.columns_for(self.op.geometry(x.shape, w.shape), out.dtype)
         filters = c.grouped_filter(w)
         grouped_out = c.grouped_images(out, c.g.o)
-        if c.direct:
-            np.matmul(filters, c.grouped_images(x, c.g.c), out=grouped_out)
-            return
-        for first, cols in c.chunks():
-            cols = c.grouped(c.unfold(x, first, cols))
-            np.matmul(filters, cols, out=grouped_out[first:first + cols.shape[0]])
+
+        def span(part, first, stop):
+            if c.direct:
+                images = c.grouped_images(x, c.g.c)[first:stop]
+                np.matmul(filters, images, out=grouped_out[first:stop])
+                return
+            for start, cols in c.chunks(part, first, stop):
+                cols = c.grouped(c.unfold(x, start, cols))
+                np.matmul(filters, cols, out=grouped_out[start:start + cols.shape[0]])
+
+        c.run(span)
 
 
 class _BackwardData(_ConvKernel):
@@ -158,12 +268,17 @@ class _BackwardData(_ConvKernel):
         c = self.columns_for(g, out.dtype)
         filters_t = np.swapaxes(c.grouped_filter(w), 1, 2)
         grouped_dy = c.grouped_images(dy, g.o)
-        if c.direct:
-            np.matmul(filters_t, grouped_dy, out=c.grouped_images(out, g.c))
-            return
-        for first, cols in c.chunks():
-            np.matmul(filters_t, grouped_dy[first:first + cols.shape[0]], out=c.grouped(cols))
-            c.fold(cols, out, first)
+
+        def span(part, first, stop):
+            if c.direct:
+                np.matmul(filters_t, grouped_dy[first:stop],
+                          out=c.grouped_images(out, g.c)[first:stop])
+                return
+            for start, cols in c.chunks(part, first, stop):
+                np.matmul(filters_t, grouped_dy[start:start + cols.shape[0]], out=c.grouped(cols))
+                c.fold(cols, out, start)
+
+        c.run(span)
 
 
 class _BackwardFilter(_ConvKernel):
@@ -171,15 +286,19 @@ class _BackwardFilter(_ConvKernel):
         x, dy = np.ascontiguousarray(x), np.ascontiguousarray(dy)
         c = self.columns_for(self.op.geometry(x.shape, out.shape), out.dtype)
         grouped_dy = c.grouped_images(dy, c.g.o)
-        total = c.grouped_filter(out)
-        if c.direct:
-            cols = np.swapaxes(c.grouped_images(x, c.g.c), 2, 3)
-            np.sum(np.matmul(grouped_dy, cols), axis=0, out=total)
-            return
-        total[...] = 0
-        for first, cols in c.chunks():
-            cols_t = np.swapaxes(c.grouped(c.unfold(x, first, cols)), 2, 3)
-            total += np.matmul(grouped_dy[first:first + cols.shape[0]], cols_t).sum(axis=0)
+
+        def span(part, first, stop):
+            """This span's Σ over images of dy·colsᵀ, (G, O/G, C/G · taps)."""
+            if c.direct:
+                cols = np.swapaxes(c.grouped_images(x, c.g.c)[first:stop], 2, 3)
+                return np.matmul(grouped_dy[first:stop], cols).sum(axis=0)
+            total = 0
+            for start, cols in c.chunks(part, first, stop):
+                cols_t = np.swapaxes(c.grouped(c.unfold(x, start, cols)), 2, 3)
+                total = total + np.matmul(grouped_dy[start:start + cols.shape[0]], cols_t).sum(axis=0)
+            return total
+
+        np.sum(c.run(span), axis=0, out=c.grouped_filter(out))
 
 
 @library_kernel.register
