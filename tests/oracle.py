@@ -38,10 +38,10 @@ def assert_close(got, want, *, rtol: float, scaled_atol: float | None = None, at
     """`got` matches `want`: equal shapes and dtypes, integers and booleans exactly, NaN and
     ±inf at the same positions, and each finite element within
 
-        rtol·|want| + scaled_atol·max|finite want| + atol (+ `tolerance`, elementwise)
+        rtol·|want| + scaled_atol·max|finite want| + atol (+ `tolerance`, per element or one figure)
 
     `scaled_atol` defaults to `rtol`: values that cancel to near zero carry the rounding of the
-    output's largest terms. `tolerance` adds a per-element bound a caller derived itself (the
+    output's largest terms. `tolerance` adds a bound a caller derived itself (the
     float32 fuzz adds the float32 reference's own distance from a float64 run)."""
     got, want = np.asarray(got), np.asarray(want)
     label = f"{label}: " if label else ""
