@@ -1,7 +1,8 @@
 """`numpy_manual`: every benchmark step written by hand in numpy.
 
 Each function takes the feeds of its workload (`workloads.py`) and returns
-`[loss, *gradients]` in the workload's `wrt` order. They are two things at
+`[loss, *gradients]` in the workload's `wrt` order; `AdamWTraining` adds
+torch.optim.AdamW's update for a workload that is a whole training step. They are two things at
 once: the peer a numpy user would write (so vectorised, no Python loop over
 elements, and `h*h*h` rather than `h**3`, whose float power is a scalar
 call), and the independent oracle the gradient tests and the suite's
@@ -19,11 +20,14 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+import gradcompiler as gc
+
 from .workloads import (
     CNN_BN_EPS,
     GPT_HEADS,
     GPT_LN_EPS,
     PIXEL_SHUFFLE_FACTOR,
+    Workload,
     attention_scale,
     causal_mask,
     cnn_layers,
@@ -347,6 +351,56 @@ def gpt(f: Feeds) -> list[np.ndarray]:
     grads["wte"] = np.zeros_like(wte)
     np.add.at(grads["wte"], tokens.ravel(), _rows(d_x))  # repeated tokens accumulate
     return [loss] + [grads[name] for name in gpt_param_shapes(vocab, t, e, blocks)]
+
+
+def adamw_update(params: dict[str, np.ndarray], grads: Mapping[str, np.ndarray],
+                 slots: dict[str, tuple[np.ndarray, np.ndarray]], step: int, lr: float,
+                 betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    """torch.optim.AdamW's documented update at step number `step`, in place: θ ← θ(1 − γλ),
+    m ← β₁m + (1 − β₁)g, v ← β₂v + (1 − β₂)g², θ ← θ − γ·m̂ / (√v̂ + ε)."""
+    beta1, beta2 = betas
+    for name, p in params.items():
+        g, (m, v) = grads[name], slots[name]
+        p *= 1 - lr * weight_decay
+        m *= beta1
+        m += (1 - beta1) * g
+        v *= beta2
+        v += (1 - beta2) * (g * g)
+        p -= (lr / (1 - beta1 ** step)) * m / (np.sqrt(v / (1 - beta2 ** step)) + eps)
+
+
+class AdamWTraining:
+    """The numpy training step of a workload with an AdamW optimizer: the hand-written loss
+    and gradients, then `adamw_update`, on parameters and slots of its own (copies of the
+    feeds' initial values, zeros). A call is one step; `results(loss)` is the loss and the
+    state in `work.state_names` order, what the compiled step is checked against."""
+
+    def __init__(self, work: Workload, feeds: Feeds):
+        optimizer = work.optimizer
+        if not isinstance(optimizer, gc.optim.AdamW):
+            raise NotImplementedError(f"numpy training step for {optimizer!r}: only AdamW")
+        self.settings = dict(lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,
+                             weight_decay=optimizer.weight_decay)
+        self.loss_and_grads, self.state_names = STEPS[work.name], work.state_names
+        self.names = [t.name for t in work.wrt]
+        self.params = {n: np.array(feeds[n]) for n in self.names}
+        self.data = {k: v for k, v in feeds.items() if k not in self.params}
+        self.slots = {n: (np.zeros_like(p), np.zeros_like(p)) for n, p in self.params.items()}
+        self.step = 0
+
+    def __call__(self) -> np.ndarray:
+        loss, *grads = self.loss_and_grads({**self.data, **self.params})
+        self.step += 1
+        adamw_update(self.params, dict(zip(self.names, grads)), self.slots, self.step,
+                     **self.settings)
+        return loss
+
+    def results(self, loss: np.ndarray) -> list[np.ndarray]:
+        state = {"step": np.asarray(float(self.step))}
+        for name, p in self.params.items():
+            state[name] = p
+            state[f"{name}.exp_avg"], state[f"{name}.exp_avg_sq"] = self.slots[name]
+        return [np.asarray(loss), *(state[n] for n in self.state_names)]
 
 
 STEPS: dict[str, Callable[[Feeds], list[np.ndarray]]] = {

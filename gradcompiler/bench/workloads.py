@@ -82,6 +82,14 @@ class Workload:
         return [self.loss, *self.grads]
 
     @property
+    def state_names(self) -> list[str]:
+        """A training-step workload's state in the order the suite compares it: each
+        parameter and its optimizer slots (`<param>.<slot>`, as `gc.train_step` names them),
+        then the step count."""
+        slots = self.optimizer.slot_names
+        return [n for t in self.wrt for n in (t.name, *(f"{t.name}.{s}" for s in slots))] + ["step"]
+
+    @property
     def min_bytes(self) -> int:
         """Bytes a step must move at least: each feed read once, each output written once."""
         feeds = sum(self.graph[i].type.nbytes for i in self.graph.feed_names.values())
