@@ -347,12 +347,14 @@ def causal_mask(seq: int, dtype) -> np.ndarray:
     return np.triu(np.full((seq, seq), -np.inf), 1).astype(dtype)
 
 
-def build_gpt(size: str = "full", dtype="float32") -> Workload:
+def build_gpt(size: str = "full", dtype="float32", **dims: int) -> Workload:
     """A GPT-like language model's training step: token and position embeddings, pre-LN
     blocks of causal attention with GPT_HEADS heads and a GELU MLP of 4·dim (linear layers
     without bias, as nanoGPT's bias=False), a final layer norm, an untied output projection,
-    next-token cross-entropy, and AdamW over every parameter."""
-    d = DIMS["gpt"][size]
+    next-token cross-entropy, and AdamW over every parameter. `dims` replace some of the
+    size's dimensions (the remat test's longer sequence: activations outweighing the
+    parameters, as at the full size)."""
+    d = {**DIMS["gpt"][size], **dims}
     b, t, e, vocab = d["batch"], d["seq"], d["dim"], d["vocab"]
     head = e // GPT_HEADS
     shapes = gpt_param_shapes(vocab, t, e, d["blocks"])
