@@ -4,9 +4,9 @@
 
 The student starts from small random projections and follows the gradient
 of the mean squared error between its output and the teacher's, on fresh
-random sequences each step. The compiled step returns the loss and the
-three projection gradients; the backward runs through both batched matmuls
-and the stable softmax.
+random sequences each step. The compiled training step (`gc.train_step`
+with SGD) returns the loss and updates the three projections in place; the
+backward runs through both batched matmuls and the stable softmax.
 
     python examples/attention_block.py
 """
@@ -24,7 +24,7 @@ NAMES = ("wq", "wk", "wv")
 
 
 def build_attention_step(batch: int, seq: int, dim: int):
-    """(loss, projections, grads) of mse(attention(x; Wq, Wk, Wv), target)."""
+    """(loss, projections) of mse(attention(x; Wq, Wk, Wv), target)."""
     with gc.Graph("attention_block"):
         x = gc.input("x", (batch, seq, dim))
         target = gc.input("target", (batch, seq, dim))
@@ -33,8 +33,7 @@ def build_attention_step(batch: int, seq: int, dim: int):
         scores = gc.matmul(q, gc.swapaxes(k, 1, 2)) / math.sqrt(dim)
         out = gc.matmul(gc.softmax(scores, axis=-1), v)
         loss = gc.mse(out, target)
-    projections = [wq, wk, wv]
-    return loss, projections, gc.grad(loss, projections)
+    return loss, [wq, wk, wv]
 
 
 def attention_numpy(x: np.ndarray, wq: np.ndarray, wk: np.ndarray, wv: np.ndarray) -> np.ndarray:
@@ -49,12 +48,11 @@ def main(steps: int = 300, batch: int = 16, seq: int = 32, dim: int = 16, lr: fl
          seed: int = 0, verbose: bool = True) -> dict:
     """Train the student; return its loss history."""
     rng = np.random.default_rng(seed)
-    loss, _, grads = build_attention_step(batch, seq, dim)
-    step = gc.compile([loss, *grads], target="cpu")
+    loss, projections = build_attention_step(batch, seq, dim)
     teacher = [(rng.standard_normal((dim, dim)) / math.sqrt(dim)).astype(np.float32) for _ in NAMES]
     student = {name: (0.1 * rng.standard_normal((dim, dim)) / math.sqrt(dim)).astype(np.float32)
                for name in NAMES}
-    return distill(step, student, NAMES, lambda: rng.standard_normal((batch, seq, dim)).astype(np.float32),
+    return distill(loss, projections, student, lambda: rng.standard_normal((batch, seq, dim)).astype(np.float32),
                    lambda x: attention_numpy(x, *teacher), steps, lr, verbose)
 
 

@@ -23,11 +23,11 @@ import gradcompiler as gc
 from gradcompiler.distributed import DataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mlp_training import build_mlp_step, class_centres, init_params, make_batch
+from mlp_training import build_mlp, class_centres, init_params, make_batch
 
 
 def _model(batch, features, hidden, classes):
-    _, loss, params, _ = build_mlp_step(batch, features, hidden, classes)
+    _, loss, params = build_mlp(batch, features, hidden, classes)
     return loss, params
 
 

@@ -8,19 +8,21 @@ from collections.abc import Callable
 
 import numpy as np
 
+import gradcompiler as gc
 
-def distill(step, student: dict[str, np.ndarray], names, batch: Callable[[], np.ndarray],
-            teacher: Callable[[np.ndarray], np.ndarray], steps: int, lr: float,
-            verbose: bool) -> dict:
-    """Run `steps` SGD steps of the compiled `step` (loss, then one gradient per name in
-    `names`) on fresh batches labelled by `teacher`; return the loss history."""
+
+def distill(loss: gc.Tensor, params: list[gc.Tensor], student: dict[str, np.ndarray],
+            batch: Callable[[], np.ndarray], teacher: Callable[[np.ndarray], np.ndarray],
+            steps: int, lr: float, verbose: bool) -> dict:
+    """Compile the SGD training step of `loss` (of inputs x and target) over `params`, start
+    it from the `student` values and run `steps` steps on fresh batches labelled by
+    `teacher`; return the loss history and the trained values."""
+    step = gc.train_step(loss, params, gc.optim.SGD(lr), target="cpu")
+    state = step.init(student)
     history = []
     for i in range(steps):
         x = batch()
-        loss_value, *grad_values = step(x=x, target=teacher(x).astype(np.float32), **student)
-        for name, g in zip(names, grad_values):
-            student[name] -= lr * g
-        history.append(float(loss_value))
+        history.append(step(state, x=x, target=teacher(x).astype(np.float32)))
         if verbose and (i % max(1, steps // 10) == 0 or i == steps - 1):
             print(f"step {i:4d}  mse {history[-1]:.5f}")
-    return dict(losses=history)
+    return dict(losses=history, params={p.name: state[p.name] for p in params})

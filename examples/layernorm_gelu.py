@@ -4,8 +4,9 @@ plus the residual) learns to imitate a fixed teacher block.
     y = x + gelu_tanh(layer_norm(x)·γ + β) W1) W2
 
 layer_norm and gelu_tanh are composites of primitive ops, so their
-gradients come from the rule table of those primitives; the compiled step
-returns the loss and the gradients of γ, β, W1 and W2.
+gradients come from the rule table of those primitives; the compiled SGD
+training step (`gc.train_step`) returns the loss and updates γ, β, W1 and W2
+in place.
 
     python examples/layernorm_gelu.py
 """
@@ -31,8 +32,7 @@ def build_block_step(rows: int, dim: int, hidden: int):
         h = gc.layer_norm(x, gamma, beta, axis=-1, eps=1e-5)
         y = x + gc.gelu_tanh(h @ w1) @ w2
         loss = gc.mse(y, target)
-    params = [gamma, beta, w1, w2]
-    return loss, params, gc.grad(loss, params)
+    return loss, [gamma, beta, w1, w2]
 
 
 def block_numpy(x: np.ndarray, gamma, beta, w1, w2) -> np.ndarray:
@@ -54,11 +54,10 @@ def main(steps: int = 300, rows: int = 256, dim: int = 32, hidden: int = 64, lr:
          seed: int = 0, verbose: bool = True) -> dict:
     """Train the student block; return its loss history."""
     rng = np.random.default_rng(seed)
-    loss, _, grads = build_block_step(rows, dim, hidden)
-    step = gc.compile([loss, *grads], target="cpu")
+    loss, params = build_block_step(rows, dim, hidden)
     teacher = init(rng, dim, hidden, scale=1.0)
     student = init(rng, dim, hidden, scale=0.1)
-    return distill(step, student, NAMES, lambda: rng.standard_normal((rows, dim)).astype(np.float32),
+    return distill(loss, params, student, lambda: rng.standard_normal((rows, dim)).astype(np.float32),
                    lambda x: block_numpy(x, **teacher), steps, lr, verbose)
 
 

@@ -1,8 +1,8 @@
 """Train the benchmark's MLP classifier with plain SGD on synthetic data.
 
 The data: a mixture of Gaussian clusters, one per class, a fresh batch every
-step. Every step runs one compiled executable that returns the loss and all
-six gradients; the update itself is numpy.
+step. `gc.train_step` compiles the forward, the backward and the SGD update
+into one executable that updates the parameters in place and returns the loss.
 
     python examples/mlp_training.py
 """
@@ -15,11 +15,9 @@ import numpy as np
 
 import gradcompiler as gc
 
-PARAM_NAMES = ("w1", "b1", "w2", "b2", "w3", "b3")
 
-
-def build_mlp_step(batch: int, features: int, hidden: int, classes: int):
-    """The training step: (graph, loss, params, grads) for relu(x@W1+b1) → relu(·@W2+b2) → ·@W3+b3."""
+def build_mlp(batch: int, features: int, hidden: int, classes: int):
+    """(graph, loss, params) of relu(x@W1+b1) → relu(·@W2+b2) → ·@W3+b3 and cross-entropy."""
     with gc.Graph("mlp") as graph:
         x = gc.input("x", (batch, features))
         labels = gc.input("labels", (batch,), "int32")
@@ -29,8 +27,7 @@ def build_mlp_step(batch: int, features: int, hidden: int, classes: int):
         h1 = gc.relu(x @ w1 + b1)
         h2 = gc.relu(h1 @ w2 + b2)
         loss = gc.cross_entropy(h2 @ w3 + b3, labels)
-    params = [w1, b1, w2, b2, w3, b3]
-    return graph, loss, params, gc.grad(loss, params)
+    return graph, loss, [w1, b1, w2, b2, w3, b3]
 
 
 def init_params(rng: np.random.Generator, features: int, hidden: int, classes: int) -> dict:
@@ -48,14 +45,6 @@ def make_batch(rng: np.random.Generator, centres: np.ndarray, batch: int) -> tup
     return x.astype(np.float32), labels
 
 
-def sgd_step(step, weights: dict, x: np.ndarray, labels: np.ndarray, lr: float) -> float:
-    """One training step: run the compiled step, update `weights` in place; the loss."""
-    loss_value, *grad_values = step(x=x, labels=labels, **weights)
-    for name, g in zip(PARAM_NAMES, grad_values):
-        weights[name] -= lr * g
-    return float(loss_value)
-
-
 def class_centres(rng: np.random.Generator, classes: int, features: int) -> np.ndarray:
     """Centres far enough apart (in all `features` dimensions together) to be told apart."""
     return rng.standard_normal((classes, features)) * np.sqrt(2.0) / features**0.25
@@ -65,9 +54,9 @@ def main(steps: int = 100, batch: int = 256, features: int = 784, hidden: int = 
          classes: int = 10, lr: float = 0.1, seed: int = 0, verbose: bool = True) -> dict:
     """Train; return the loss history and the accuracy on a fresh batch before and after."""
     rng = np.random.default_rng(seed)
-    _, loss, params, grads = build_mlp_step(batch, features, hidden, classes)
-    step = gc.compile([loss, *grads], target="cpu")
-    weights = init_params(rng, features, hidden, classes)
+    _, loss, params = build_mlp(batch, features, hidden, classes)
+    step = gc.train_step(loss, params, gc.optim.SGD(lr), target="cpu")
+    weights = step.init(init_params(rng, features, hidden, classes))  # updated in place by each step
     centres = class_centres(rng, classes, features)
 
     def accuracy() -> float:
@@ -80,7 +69,8 @@ def main(steps: int = 100, batch: int = 256, features: int = 784, hidden: int = 
     before = accuracy()
     history = []
     for i in range(steps):
-        history.append(sgd_step(step, weights, *make_batch(rng, centres, batch), lr))
+        x, labels = make_batch(rng, centres, batch)
+        history.append(step(weights, x=x, labels=labels))
         if verbose and (i % max(1, steps // 10) == 0 or i == steps - 1):
             print(f"step {i:4d}  loss {history[-1]:.4f}")
     after = accuracy()

@@ -3,9 +3,9 @@
 With torch installed, a small torch classifier is exported with torch.onnx.export; without
 it, the same shape of model is written with onnx.helper. Either way gc.from_onnx turns
 the file into a Graph whose initializers are trainable params; a cross-entropy loss is
-attached, the training step (loss and every parameter gradient) is compiled for the CPU,
-a few SGD steps run on synthetic clustered data, and the DOT of the backward graph is
-written next to the model.
+attached, the training step (forward, backward and the SGD update, `gc.train_step`) is
+compiled for the CPU, a few steps run on synthetic clustered data, and the DOT of the
+backward graph is written next to the model.
 
     python examples/onnx_finetune.py [--steps N] [--out DIR]
 """
@@ -81,18 +81,15 @@ def main(steps: int = 60, out: str | None = None, lr: float = 0.2) -> list[float
         labels = gc.input("labels", (BATCH,), "int32")
         loss = gc.cross_entropy(model.outputs[0], labels)
     names = list(model.params)
-    grads = gc.grad(loss, [model.params[n] for n in names])
-    step = gc.compile([loss, *grads], target="cpu")
-    gc.to_dot([loss, *grads], os.path.join(out, "backward.dot"), stage="backward")
-    params = model.param_feeds()
+    step = gc.train_step(loss, [model.params[n] for n in names], gc.optim.SGD(lr), target="cpu")
+    step.to_dot(os.path.join(out, "backward.dot"), stage="backward")
+    state = step.init(model.param_feeds())
     rng = np.random.default_rng(1)
     centres = 2.0 * rng.standard_normal((CLASSES, FEATURES))
     losses = []
     for _ in range(steps):
         x, y = batch(rng, centres)
-        value, *grad_values = step(x=x, labels=y, **params)
-        params = {n: params[n] - lr * g for n, g in zip(names, grad_values)}
-        losses.append(float(value))
+        losses.append(step(state, x=x, labels=y))
     print(f"model from {source}: {len(names)} params, loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
           f"backward graph in {os.path.join(out, 'backward.dot')}")
     return losses

@@ -21,7 +21,7 @@ FACTOR = 2
 
 
 def build_head_step(batch: int, height: int, width: int, channels: int):
-    """(loss, [w, b], grads): mse(pixel_shuffle(x @ w + b), target), x channels-last."""
+    """(loss, [w, b]): mse(pixel_shuffle(x @ w + b), target), x channels-last."""
     mixed = channels * FACTOR * FACTOR
     with gc.Graph("super_resolution"):
         x = gc.input("x", (batch, height, width, mixed))
@@ -29,7 +29,7 @@ def build_head_step(batch: int, height: int, width: int, channels: int):
         w, b = gc.param("w", (mixed, mixed)), gc.param("b", (mixed,))
         features = (x @ w + b).transpose(0, 3, 1, 2)            # 1×1 conv, then NCHW
         loss = gc.mse(gc.pixel_shuffle(features, FACTOR), target)
-    return loss, [w, b], gc.grad(loss, [w, b])
+    return loss, [w, b]
 
 
 def unshuffle_numpy(images: np.ndarray) -> np.ndarray:
@@ -45,18 +45,15 @@ def main(steps: int = 300, batch: int = 8, height: int = 16, width: int = 16, ch
     """Train the head; return the loss history and how far its weights are from the inverse mixing."""
     rng = np.random.default_rng(seed)
     mixed = channels * FACTOR * FACTOR
-    loss, _, grads = build_head_step(batch, height, width, channels)
-    step = gc.compile([loss, *grads], target="cpu")
+    loss, params = build_head_step(batch, height, width, channels)
+    step = gc.train_step(loss, params, gc.optim.SGD(lr), target="cpu")
     mixing = (np.eye(mixed) + 0.3 * rng.standard_normal((mixed, mixed)) / np.sqrt(mixed)).astype(np.float32)
-    weights = dict(w=np.zeros((mixed, mixed), np.float32), b=np.zeros(mixed, np.float32))
+    weights = step.init(dict(w=np.zeros((mixed, mixed), np.float32), b=np.zeros(mixed, np.float32)))
     history = []
     for i in range(steps):
         target = rng.standard_normal((batch, channels, height * FACTOR, width * FACTOR)).astype(np.float32)
         x = unshuffle_numpy(target) @ mixing
-        loss_value, g_w, g_b = step(x=x, target=target, **weights)
-        weights["w"] -= lr * g_w
-        weights["b"] -= lr * g_b
-        history.append(float(loss_value))
+        history.append(step(weights, x=x, target=target))
         if verbose and (i % max(1, steps // 10) == 0 or i == steps - 1):
             print(f"step {i:4d}  mse {history[-1]:.6f}")
     weight_error = float(np.max(np.abs(weights["w"] - np.linalg.inv(mixing))))

@@ -68,7 +68,13 @@ class NonFiniteError(RunError, FloatingPointError):
 
 
 class MemoryBudgetError(GradCompilerError, ValueError):
-    """A memory budget below the smallest peak any plan of the step reaches."""
+    """A memory budget below the smallest peak any plan of the step reaches; that peak in
+    bytes is `smallest_peak`, so a caller (the benchmark's budget sweep) can report it or
+    compile at it without reading the message."""
+
+    def __init__(self, message: str, smallest_peak: int | None = None):
+        super().__init__(message)
+        self.smallest_peak = smallest_peak
 
 
 class BackendUnavailableError(GradCompilerError, RuntimeError):

@@ -337,11 +337,11 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     if default <= target or not needed:
         ctx.remat = RematPlan(target, default, default, kept=sorted(needed))
         if default > target:
-            raise MemoryBudgetError(_too_small(target, default, graph))
+            raise MemoryBudgetError(_too_small(target, default, graph), default)
         return {}
     trial, smallest = _search(graph, ctx, target, needed)
     if trial.peak > target:
-        raise MemoryBudgetError(_too_small(target, smallest, graph))
+        raise MemoryBudgetError(_too_small(target, smallest, graph), smallest)
     graph.adopt(trial.graph)
     recomputed = sorted(set(trial.clones.values()) & needed)
     ctx.remat = RematPlan(

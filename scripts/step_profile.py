@@ -50,7 +50,7 @@ def device_seconds(run, target: str) -> float:
 def profile(name: str, target: str, calls: int, top: int, size: str = "full") -> str:
     work = workload_registry.build(name, size)
     feeds = workload_registry.feeds_for(work)
-    run = suite.step_runner(suite.compile_step(work, target), feeds, target)
+    run = suite.step_runner(work, suite.compile_step(work, target), feeds, target)
     for _ in range(3):
         run()
     wall = suite.time_calls(run, calls, 0)["median_s"]

@@ -179,7 +179,7 @@ def _tiny_cnn():
 
     work = workloads.build("cnn", "tiny")
     feeds = workloads.feeds_for(work)
-    return work, feeds, suite.float64_oracle("cnn", feeds)
+    return work, feeds, suite.float64_oracle(work, feeds)
 
 
 def test_cnn_check_passes_float32_steps_and_flags_wrong_gradients(monkeypatch):
@@ -211,3 +211,34 @@ def test_cnn_check_passes_float32_steps_and_flags_wrong_gradients(monkeypatch):
     monkeypatch.setattr(manual, "_bn_backward", without_projection)
     verdict = suite.checked("cnn", manual.cnn(feeds), oracle)
     assert verdict["correct"] is False and verdict["max_rel_error_vs_numpy"] > 0.1
+
+
+def test_gpt_training_step_in_the_quick_suite_with_its_memory_budgets(tmp_path, monkeypatch):
+    """The gpt workload (issue 15) at its tiny size: one gc.train_step, its loss and state
+    after a step checked against the numpy step plus AdamW, and an entry per memory budget:
+    1.0 is the default plan, a budget met has a planned peak within it and the same results,
+    one no plan meets is reported with the smallest peak (above the budget), and the suite
+    goes on to the peers; jax, without a training step, is skipped with a note."""
+    monkeypatch.setenv("GRADCOMPILER_CACHE_DIR", str(tmp_path))
+    result = suite.run_suite(["gpt"], target="cpu", quick=True, peers=["numpy_manual", "jax_jit"],
+                             first_call=False, log=None)
+    entry = result["workloads"][0]
+    assert entry["name"] == "gpt" and entry["bound"] == "gemm" and _positive(entry["flops"])
+    compiled = entry["compiled"]
+    assert compiled["status"] == "ok", compiled.get("error")
+    assert compiled["correct"] is True and _positive(compiled["median_s"])
+    assert 0.0 < entry["peers"]["numpy_manual"]["max_rel_error_vs_numpy"] <= suite.tolerance("gpt")
+    assert entry["peers"]["jax_jit"]["status"] == "skipped" and entry["peers"]["jax_jit"]["note"]
+    budgets = entry["memory_budgets"]
+    assert list(budgets) == [str(b) for b in suite.BUDGETS]
+    default = budgets["1.0"]
+    assert default["status"] == "ok" and default["peak_fraction"] == 1.0 and default["recomputed"] == 0
+    for budget, measured in budgets.items():
+        if measured["status"] == "unmet":
+            assert measured["smallest_peak_bytes"] > float(budget) * default["default_peak_bytes"]
+            assert str(measured["smallest_peak_bytes"]) in measured["note"]
+        else:
+            assert measured["status"] == "ok" and measured["correct"] is True, measured
+            assert measured["default_peak_bytes"] == default["planned_peak_bytes"]
+            assert measured["planned_peak_bytes"] <= float(budget) * measured["default_peak_bytes"]
+    assert "gpt at memory budgets" in report.markdown_table(result)

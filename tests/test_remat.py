@@ -1,7 +1,7 @@
 """Rematerialisation under a memory budget (passes/remat.py): the same values at every
 budget, a planned peak within it, the choices on a chain of matmul+cos pairs (min-cut, then
-segments), segmented recomputation on a residual net, and a clear error below the smallest
-reachable peak."""
+segments), segmented recomputation on a residual net and on the gpt workload's training
+step, and a clear error below the smallest reachable peak."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
+from gradcompiler.bench import workloads
 from gradcompiler.passes.pipeline import optimize
 
 from oracle import assert_close
@@ -43,8 +44,9 @@ def run_steps(step, rng_seed=4, steps=3):
     return losses, state
 
 
-def assert_same_training(step, want_losses, want_state):
-    losses, state = run_steps(step)
+def assert_same_training(got, want):
+    """Two (losses, state) runs agree to float64 rounding."""
+    (losses, state), (want_losses, want_state) = got, want
     assert_close(np.array(losses), np.array(want_losses), rtol=1e-12)
     for name in want_state:
         assert_close(state[name], want_state[name], rtol=1e-12, label=name)
@@ -65,19 +67,57 @@ def test_residual_mlp_trains_the_same_at_every_budget_within_its_planned_peak():
     remat = full.executable.context.remat
     assert remat.recomputed == [] and remat.peak == remat.default_peak
     assert full.executable.memory.peak_bytes == plain.executable.memory.peak_bytes
-    assert_same_training(full, want_losses, want_state)
+    assert_same_training(run_steps(full), (want_losses, want_state))
     half = gc.train_step(loss, params, gc.optim.Adam(0.01), memory_budget=0.5)
     remat = half.executable.context.remat
     assert remat.segments > 1 and remat.recomputed
     assert half.executable.memory.peak_bytes == remat.peak <= 0.5 * remat.default_peak
-    assert_same_training(half, want_losses, want_state)
+    assert_same_training(run_steps(half), (want_losses, want_state))
     with pytest.raises(gc.MemoryBudgetError, match=r"reaches, .* \((\d+) bytes\)") as error:
         gc.train_step(loss, params, gc.optim.Adam(0.01), memory_budget=0.25)
     smallest = int(re.search(r"reaches, .* \((\d+) bytes\)", str(error.value)).group(1))
     assert 0.25 * remat.default_peak < smallest <= remat.peak
     tightest = gc.train_step(loss, params, gc.optim.Adam(0.01), memory_budget=smallest)
     assert tightest.executable.memory.peak_bytes <= smallest
-    assert_same_training(tightest, want_losses, want_state)
+    assert_same_training(run_steps(tightest), (want_losses, want_state))
+
+
+def gpt_training(step, work, steps=3):
+    """`steps` AdamW steps of the gpt workload from its initial parameters, a fresh batch of
+    tokens each; (losses, state)."""
+    feeds = workloads.feeds_for(work)
+    state = step.init({t.name: feeds[t.name] for t in work.wrt})
+    rng, shape = np.random.default_rng(5), feeds["tokens"].shape
+    losses = [step(state, tokens=rng.integers(0, work.dims["vocab"], shape),
+                   targets=rng.integers(0, work.dims["vocab"], shape)) for _ in range(steps)]
+    return losses, state
+
+
+def test_gpt_trains_the_same_at_every_budget_within_its_planned_peak():
+    """The gpt workload's training step (2 blocks of width 8, a 16-token sequence, so the
+    activations outweigh the parameters as at the full size), float64: budget 1.0 changes
+    nothing; 0.5 is met by recomputing blocks (segments) within its planned peak; 0.25 is below
+    any plan, the error names the smallest peak, and that peak as bytes compiles. Every
+    budget trains as 1.0 does over three steps, loss and state to 1e-12."""
+    work = workloads.build_gpt("tiny", "float64", seq=16)
+    params = list(work.wrt)
+    full = gc.train_step(work.loss, params, work.optimizer, memory_budget=1.0)
+    remat = full.executable.context.remat
+    assert remat.recomputed == [] and full.executable.memory.peak_bytes == remat.default_peak
+    want = gpt_training(full, work)
+    half = gc.train_step(work.loss, params, work.optimizer, memory_budget=0.5)
+    remat = half.executable.context.remat
+    assert remat.recomputed and remat.segments > 1
+    assert half.executable.memory.peak_bytes == remat.peak <= 0.5 * remat.default_peak
+    assert_same_training(gpt_training(half, work), want)
+    with pytest.raises(gc.MemoryBudgetError, match="below the smallest peak") as error:
+        gc.train_step(work.loss, params, work.optimizer, memory_budget=0.25)
+    smallest = error.value.smallest_peak
+    assert 0.25 * remat.default_peak < smallest <= remat.peak
+    assert f"({smallest} bytes)" in str(error.value)
+    tightest = gc.train_step(work.loss, params, work.optimizer, memory_budget=smallest)
+    assert tightest.executable.memory.peak_bytes <= smallest
+    assert_same_training(gpt_training(tightest, work), want)
 
 
 def chain(pairs: int):

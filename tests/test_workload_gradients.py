@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
-from gradcompiler.bench import manual, workloads
+from gradcompiler.bench import manual, suite, workloads
+
+from oracle import assert_close
 
 NAMES = workloads.NAMES
 
@@ -98,3 +100,23 @@ def test_full_size_shapes_follow_benchmarks_md():
     attention = workloads.build("attention")
     assert [t.shape for t in attention.wrt] == [(16, 256, 64)] * 3
     assert workloads.build("bcast_reduce").min_bytes == 2 * 4096 * 4096 * 4 + 4 * 4096 * 4 + 4
+
+
+def test_gpt_train_step_matches_the_numpy_step_and_adamw_float64():
+    """The gpt workload as the suite compiles it, one gc.train_step (forward, backward and
+    AdamW in one executable), against the hand-written backward followed by torch.optim.AdamW's
+    documented update in numpy: the loss, every parameter, both moment estimates and the
+    step count after each of three steps, each from the state the last one left."""
+    work = workloads.build("gpt", "tiny", "float64")
+    feeds = workloads.feeds_for(work)
+    run = suite.step_runner(work, suite.compile_step(work, "cpu"), feeds, "cpu")
+    numpy_step = manual.AdamWTraining(work, feeds)
+    for number in range(1, 4):
+        got, want = run(), numpy_step.results(numpy_step())
+        assert float(want[-1]) == number
+        for label, g, w in zip(["loss", *work.state_names], got, want):
+            assert_close(np.asarray(g), w, rtol=1e-10, label=f"step {number}: {label}")
+    fresh = workloads.feeds_for(work)
+    for name in ("wte", "head"):  # the parameters moved, the feeds they started from did not
+        np.testing.assert_array_equal(feeds[name], fresh[name])
+        assert np.abs(numpy_step.params[name] - fresh[name]).max() > 1e-4

@@ -45,7 +45,7 @@ def measure(name: str, target: str, size: str) -> dict[str, float]:
     compiled = time.perf_counter()
     feeds = workloads.feeds_for(work)
     fed = time.perf_counter()
-    materialise(step(**feeds))
+    materialise(suite.step_runner(work, step, feeds, target)())
     done = time.perf_counter()
     return dict(seconds=(compiled - start) + (done - fed), build_s=built - start,
                 compile_s=compiled - built, first_run_s=done - fed)

@@ -2,7 +2,10 @@
 
 A peer turns a workload's feeds into a `run()` that performs one whole step
 (loss and every gradient) and returns only once the work is done, so that
-the suite can time it like the compiled step. Peers:
+the suite can time it like the compiled step. For a training-step workload
+(one with an optimizer, `gpt`) a step is the forward, the backward and the
+optimizer's update of the peer's own parameters, and the results are the loss
+and the updated state. Peers:
 
 * `numpy_manual`: the hand-written numpy steps of `manual.py`, always there;
 * `torch_eager`: PyTorch autograd, written as a PyTorch user would
@@ -12,7 +15,14 @@ the suite can time it like the compiled step. Peers:
   AOT-autograd backward compiled), gradients by `torch.autograd.grad`;
 * `jax_jit`: `jax.jit(jax.value_and_grad(loss))`, idiomatic jax
   (`jax.nn`, `jax.scipy.ndimage.map_coordinates` for the warp,
-  `jax.lax.conv_general_dilated` for the convolutions).
+  `jax.lax.conv_general_dilated` for the convolutions); it has no training
+  step (its optimizers live in optax, not a dependency), so it skips those.
+
+For a training step the torch peers do what a PyTorch training loop does:
+`zero_grad`, the loss, `loss.backward()`, `optimizer.step()` with
+torch.optim.AdamW built from the workload's settings; torch_compile compiles
+the loss (forward and AOT-autograd backward) and the optimizer's step, as
+PyTorch's "compiling the optimizer" recipe does.
 
 A framework that is not installed is not an error: `available_peers` reports
 it as skipped with a note. On target "cuda" the torch peers use the GPU when
@@ -36,7 +46,15 @@ from typing import Any
 import numpy as np
 
 from . import manual
-from .workloads import CNN_BN_EPS, PIXEL_SHUFFLE_FACTOR, Workload, attention_scale
+from .workloads import (
+    CNN_BN_EPS,
+    GPT_HEADS,
+    GPT_LN_EPS,
+    PIXEL_SHUFFLE_FACTOR,
+    Workload,
+    attention_scale,
+    gpt_block_params,
+)
 
 PEER_NAMES = ("numpy_manual", "torch_eager", "torch_compile", "jax_jit")
 
@@ -46,8 +64,8 @@ class PreparedPeer:
     """One peer bound to one workload's feeds."""
 
     run: Callable[[], Any]                          # one step; returns when it is done
-    to_numpy: Callable[[Any], list[np.ndarray]]     # run()'s result as [loss, *grads]
-    device: str
+    to_numpy: Callable[[Any], list[np.ndarray]]     # run()'s result as [loss, *grads], or for
+    device: str                                     # a training step [loss, *state]
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,7 @@ class Peer:
     name: str
     prepare: Callable[[Workload, Mapping[str, np.ndarray], str], PreparedPeer] | None
     note: str = ""          # why it is skipped, or what it runs on
+    trains: bool = True     # has a training step (forward, backward, optimizer update)
 
     @property
     def available(self) -> bool:
@@ -64,6 +83,9 @@ class Peer:
 # -- numpy ---------------------------------------------------------------------------------------
 
 def _prepare_numpy(work: Workload, feeds: Mapping[str, np.ndarray], target: str) -> PreparedPeer:
+    if work.optimizer is not None:
+        training = manual.AdamWTraining(work, feeds)
+        return PreparedPeer(training, training.results, "cpu")
     step = manual.STEPS[work.name]
     return PreparedPeer(lambda: step(feeds), list, "cpu")
 
@@ -124,9 +146,28 @@ def _torch_losses(torch) -> dict[str, Callable[..., Any]]:
         pooled = functional.adaptive_avg_pool2d(h, 1).flatten(1)
         return functional.cross_entropy(pooled @ fc_w + fc_b, labels)
 
+    def gpt(tokens, targets, wte, wpe, lnf_gamma, lnf_beta, head, **p):
+        (b, t), e = tokens.shape, wte.shape[1]
+
+        def norm(x, gamma, beta):
+            return functional.layer_norm(x, (e,), gamma, beta, eps=GPT_LN_EPS)
+
+        x = functional.embedding(tokens, wte) + wpe
+        for k in range(sum(name.startswith("wq") for name in p)):
+            ln1_gamma, ln1_beta, wq, wk, wv, wo, ln2_gamma, ln2_beta, up, down = (
+                p[name] for name in gpt_block_params(k))
+            a = norm(x, ln1_gamma, ln1_beta)
+            q, key, v = ((a @ w).view(b, t, GPT_HEADS, e // GPT_HEADS).transpose(1, 2)
+                         for w in (wq, wk, wv))
+            o = functional.scaled_dot_product_attention(q, key, v, is_causal=True)  # scale 1/√head
+            x = x + o.transpose(1, 2).reshape(b, t, e) @ wo
+            x = x + functional.gelu(norm(x, ln2_gamma, ln2_beta) @ up, approximate="tanh") @ down
+        logits = norm(x, lnf_gamma, lnf_beta) @ head
+        return functional.cross_entropy(logits.view(b * t, -1), targets.view(-1))
+
     return dict(mlp=mlp, layernorm_gelu=layernorm_gelu, attention=attention, embedding=embedding,
                 bcast_reduce=bcast_reduce, spatial_transformer=spatial_transformer,
-                pixel_shuffle=pixel_shuffle, cnn=cnn)
+                pixel_shuffle=pixel_shuffle, cnn=cnn, gpt=gpt)
 
 
 def _torch_device(torch, target: str) -> str:
@@ -144,11 +185,14 @@ def _torch_peer(compiled: bool):
         wrt_names = [t.name for t in work.wrt]
         tensors = {}
         for name, value in feeds.items():
-            # torch indexes with int64 (cross_entropy targets, embedding ids)
+            # torch indexes with int64 (cross_entropy targets, embedding ids); a copy, so that
+            # a training step's in-place updates leave the feeds as they were
             array = value.astype(np.int64) if value.dtype.kind in "iu" else value
-            tensor = torch.from_numpy(np.ascontiguousarray(array)).to(device)
+            tensor = torch.from_numpy(np.array(array, order="C")).to(device)
             tensors[name] = tensor.requires_grad_(name in wrt_names)
         sources = [tensors[n] for n in wrt_names]
+        if work.optimizer is not None:
+            return _torch_training(torch, work, loss_fn, tensors, sources, compiled, device)
 
         def run():
             loss = loss_fn(**tensors)
@@ -163,6 +207,40 @@ def _torch_peer(compiled: bool):
         return PreparedPeer(run, to_numpy, device)
 
     return prepare
+
+
+def _torch_training(torch, work: Workload, loss_fn, tensors: dict, sources: list, compiled: bool,
+                    device: str) -> PreparedPeer:
+    """A PyTorch training step of `work` over the leaf tensors `sources` (module docstring)."""
+    settings = work.optimizer
+    optimizer = torch.optim.AdamW(sources, lr=settings.lr, betas=settings.betas, eps=settings.eps,
+                                  weight_decay=settings.weight_decay)
+
+    def update():
+        optimizer.step()
+
+    if compiled:
+        update = torch.compile(update, fullgraph=False)
+
+    def run():
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(**tensors)
+        loss.backward()
+        update()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return loss
+
+    def to_numpy(loss) -> list[np.ndarray]:
+        state = {"step": optimizer.state[sources[0]]["step"]}
+        for t, source in zip(work.wrt, sources):
+            slots = optimizer.state[source]
+            state.update({t.name: source, f"{t.name}.exp_avg": slots["exp_avg"],
+                          f"{t.name}.exp_avg_sq": slots["exp_avg_sq"]})
+        return [np.asarray(loss.detach().cpu().numpy())] + [
+            np.asarray(torch.as_tensor(state[n]).detach().cpu().numpy()) for n in work.state_names]
+
+    return PreparedPeer(run, to_numpy, device)
 
 
 # -- jax -----------------------------------------------------------------------------------------
@@ -272,7 +350,8 @@ def available_peers(names: Sequence[str] = PEER_NAMES) -> list[Peer]:
         else Peer("torch_eager", None, f"torch {missing}"),
         "torch_compile": Peer("torch_compile", _torch_peer(True)) if has_torch
         else Peer("torch_compile", None, f"torch {missing}"),
-        "jax_jit": Peer("jax_jit", _prepare_jax) if has_jax else Peer("jax_jit", None, f"jax {missing}"),
+        "jax_jit": Peer("jax_jit", _prepare_jax, trains=False) if has_jax
+        else Peer("jax_jit", None, f"jax {missing}", trains=False),
     }
     unknown = [n for n in names if n not in table]
     if unknown:

@@ -23,13 +23,19 @@ torch_eager, torch_compile, jax_jit.
       flops                   matmul FLOP per step (forward + backward); 0 if memory-bound
       min_bytes               bytes a step must move: each feed read once, each output written once
       floor_s                 flops at the SGEMM rate, or min_bytes at the bandwidth
-      compiled                the gc.compile step: status ("ok" | "failed"), and when ok
+      compiled                the gc.compile step (gc.train_step for a workload with an
+                              optimizer): status ("ok" | "failed"), and when ok
                               median_s, min_s, max_s, steps, warmup,
                               max_rel_error_vs_numpy (max |Δ| / max |numpy| over the
-                              loss and each gradient, numpy run in float64), tolerance
-                              (1e-3; suite.TOLERANCES names the exceptions and why),
-                              correct (error <= tolerance);
+                              loss and each gradient, or for a training step the loss
+                              and every state array after one step, numpy run in
+                              float64), tolerance (1e-3; suite.TOLERANCES names the
+                              exceptions and why), correct (error <= tolerance);
                               when failed, error
+      memory_budgets          only for a training step: {budget: planned_peak_bytes,
+                              default_peak_bytes, peak_fraction, recomputed (values),
+                              segments and the fields of compiled}, or status "unmet"
+                              with smallest_peak_bytes and the planner's note
       peers                   {peer: the same fields as compiled, plus device, or
                               status "skipped" with a note}
       ratio                   {peer: peer median / compiled median}; > 1 means the
@@ -51,6 +57,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..units import format_bytes
 from .peers import PEER_NAMES
 
 PEER_TITLES = {"numpy_manual": "numpy", "torch_eager": "torch eager",
@@ -85,6 +92,15 @@ def _first_call_cell(first: dict[str, Any]) -> str:
     if first.get("status") != "ok":
         return "—" if first.get("status") == "skipped" else "failed"
     return f"{first['cold_s']:.2f} s / {first['warm_s']:.2f} s"
+
+
+def _budget_cell(measured: dict[str, Any]) -> str:
+    if measured["status"] == "unmet":
+        return f"not met, smallest peak {format_bytes(measured['smallest_peak_bytes'])}"
+    if "planned_peak_bytes" not in measured:
+        return "failed"
+    return (f"{format_bytes(measured['planned_peak_bytes'])} ({measured['peak_fraction']:.2f}), "
+            + _cell(measured))
 
 
 def _shown_peers(result: dict[str, Any]) -> list[str]:
@@ -124,6 +140,11 @@ def markdown_table(result: dict[str, Any]) -> str:
     for name, peer in result["peers"].items():
         if not peer["available"]:
             notes.append(f"{PEER_TITLES.get(name, name)}: skipped, {peer['note']}.")
+    for w in result["workloads"]:
+        if "memory_budgets" in w:
+            notes.append(f"{w['name']} at memory budgets (planned peak, step): "
+                         + "; ".join(f"{b}: {_budget_cell(m)}" for b, m in w["memory_budgets"].items())
+                         + ".")
     for w in result["workloads"]:
         for who, measured in [("gradcompiler", w["compiled"]), *w["peers"].items(),
                               ("first call", w["first_call"])]:

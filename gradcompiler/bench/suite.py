@@ -23,7 +23,6 @@ Public entry points (used by `gradcompiler bench` in `cli.py` and by
 
     add_arguments(parser)      the bench options, for a CLI subcommand
     run_from_args(namespace)   run_suite + the writers the options ask for; exit status
-    main(argv)                 the two above on a parser of its own
 
 A workload that fails to build, compile or run is recorded with its error
 and the suite goes on; so is a peer. Every peer is checked against
@@ -32,6 +31,15 @@ own oracle), and so is the compiled step: a fast wrong answer is reported
 as wrong. The float64 run is the reference because float32 rounding is not
 the same in any two contenders: against the float32 numpy step, an accurate
 compiled step would inherit numpy's own rounding error.
+
+A workload with an optimizer (`gpt`) is a whole training step: it compiles
+with `gc.train_step`, the timed call is `step(state, **data)` (forward,
+backward and the update of `state` in place), and what is checked is the
+loss and the state after the first step, against the numpy step followed by
+torch.optim.AdamW's documented update (`manual.AdamWTraining`). Such a
+workload is also compiled and timed at each memory budget of BUDGETS: the
+planned peak and the step time per budget, and a budget no plan meets
+reported as unmet with the smallest peak the planner reached.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ import numpy as np
 import gradcompiler as gc
 
 from ..backends import require_target
+from ..units import format_bytes
 from . import machine, report, scaling
 from . import peers as peer_registry
 from . import workloads as workload_registry
@@ -77,15 +86,20 @@ TOLERANCE = 1e-3
 # (the compiled step 2.4e-6); a gradient wrong by a term, a factor or a sign is off by O(1).
 TOLERANCES = {"cnn": 5e-2}
 FIRST_CALL_TIMEOUT_S = 1800
+BUDGETS = (1.0, 0.5, 0.25)  # memory budgets of a training-step workload, fractions of the default peak
 
 Log = Callable[[str], None] | None
 
 
-def compile_step(work: Workload, target: str) -> Callable[..., Any]:
-    """The compiled training step of a workload: loss and gradients in one executable."""
+def compile_step(work: Workload, target: str, memory_budget: float | None = None) -> Callable[..., Any]:
+    """The compiled step of a workload: loss and gradients in one executable, or, for a
+    workload with an optimizer, the whole training step (`gc.train_step`)."""
     from gradcompiler.compile import compile as compile_graph
 
-    return compile_graph(work.outputs, target=target)
+    if work.optimizer is not None:
+        return gc.train_step(work.loss, list(work.wrt), work.optimizer, target=target,
+                             memory_budget=memory_budget)
+    return compile_graph(work.outputs, target=target, memory_budget=memory_budget)
 
 
 def time_calls(run: Callable[[], Any], steps: int, warmup: int) -> dict[str, float]:
@@ -119,20 +133,24 @@ def checked(name: str, outputs: list[np.ndarray], oracle: list[np.ndarray]) -> d
                 correct=bool(error <= tolerance(name)))
 
 
-def float64_oracle(name: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """The numpy step of workload `name` on float64 copies of the float feeds: the reference
-    every float32 contender, the numpy step itself included, is measured against."""
+def float64_oracle(work: Workload, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The numpy step of `work` (for a training step: the loss and the state after one step)
+    on float64 copies of the float feeds: the reference every float32 contender, the numpy
+    step itself included, is measured against."""
     wide = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in feeds.items()}
-    return [np.asarray(v) for v in peer_registry.manual.STEPS[name](wide)]
+    numpy_step = peer_registry.available_peers(["numpy_manual"])[0].prepare(work, wide, "cpu")
+    return [np.asarray(v) for v in numpy_step.to_numpy(numpy_step.run())]
 
 
-def step_runner(step: Callable[..., Any], feeds: dict, target: str) -> Callable[[], Any]:
+def step_runner(work: Workload, step: Callable[..., Any], feeds: dict, target: str) -> Callable[[], Any]:
     """One call of a compiled step, as the timer sees it.
 
     On CUDA the feeds are copied to the device once, outside the timing, and
     each call waits for the GPU to finish: a step is the device work, not the
     transfers (the torch and jax peers are timed the same way).
     """
+    if work.optimizer is not None:
+        return _train_runner(work, step, feeds, target)
     if target != "cuda":
         return lambda: step(**feeds)
     from numba import cuda
@@ -147,21 +165,77 @@ def step_runner(step: Callable[..., Any], feeds: dict, target: str) -> Callable[
     return run
 
 
+def _train_runner(work: Workload, step, feeds: dict, target: str) -> Callable[[], list]:
+    """`step(state, **data)` on a state made from the feeds' initial parameters (on CUDA the
+    state and the batch live on the device; the loss's copy home waits for the step); the
+    loss and the state's arrays, in `work.state_names` order, as the check reads them."""
+    state = step.init({t.name: feeds[t.name] for t in work.wrt})
+    data = {k: v for k, v in feeds.items() if k not in state}
+    if target == "cuda":
+        from numba import cuda
+
+        data = {k: cuda.to_device(v) for k, v in data.items()}
+    names = work.state_names
+
+    def run():
+        loss = step(state, **data)
+        return [np.asarray(loss), *(state[n] for n in names)]
+
+    return run
+
+
+def _run_and_check(work: Workload, step, feeds: dict, oracle: list[np.ndarray], target: str,
+                   steps: int, warmup: int) -> dict[str, Any]:
+    """The first call checked against the oracle, then the timing."""
+    run = step_runner(work, step, feeds, target)
+    verdict = checked(work.name, materialise(run()), oracle)
+    return dict(status="ok", **time_calls(run, steps, warmup), **verdict)
+
+
 def measure_compiled(work: Workload, feeds: dict, oracle: list[np.ndarray], target: str,
                      steps: int, warmup: int) -> dict[str, Any]:
     try:
-        run = step_runner(compile_step(work, target), feeds, target)
-        verdict = checked(work.name, materialise(run()), oracle)
-        timing = time_calls(run, steps, warmup)
+        return _run_and_check(work, compile_step(work, target), feeds, oracle, target, steps, warmup)
     except Exception as err:  # noqa: BLE001 - recorded in the report, the suite goes on
         return _failure(err)
-    return dict(status="ok", **timing, **verdict)
+
+
+def measure_budgets(work: Workload, feeds: dict, oracle: list[np.ndarray], target: str,
+                    steps: int, warmup: int) -> dict[str, dict[str, Any]]:
+    """Per memory budget of BUDGETS: the planned peak (bytes, and its fraction of the
+    default plan's) and the checked, timed step; "unmet" with the smallest peak any plan
+    reached where the planner cannot meet the budget."""
+    measured = {}
+    for budget in BUDGETS:
+        try:
+            step = compile_step(work, target, memory_budget=budget)
+        except gc.MemoryBudgetError as err:
+            measured[str(budget)] = dict(status="unmet", smallest_peak_bytes=err.smallest_peak,
+                                         note=str(err))
+            continue
+        except Exception as err:  # noqa: BLE001
+            measured[str(budget)] = _failure(err)
+            continue
+        remat = step.executable.context.remat
+        peak = step.executable.memory.peak_bytes
+        entry = dict(planned_peak_bytes=peak, default_peak_bytes=remat.default_peak,
+                     peak_fraction=peak / remat.default_peak, recomputed=len(remat.recomputed),
+                     segments=remat.segments)
+        try:
+            entry = {**_run_and_check(work, step, feeds, oracle, target, steps, warmup), **entry}
+        except Exception as err:  # noqa: BLE001
+            entry = {**_failure(err), **entry}
+        measured[str(budget)] = entry
+    return measured
 
 
 def measure_peer(peer: peer_registry.Peer, work: Workload, feeds: dict, oracle: list[np.ndarray],
                  target: str, steps: int, warmup: int) -> dict[str, Any]:
     if not peer.available:
         return dict(status="skipped", note=peer.note)
+    if work.optimizer is not None and not peer.trains:
+        return dict(status="skipped", note=f"{peer.name} has no training step (an optimizer "
+                                            "inside it); it runs the gradient-only workloads")
     try:
         prepared = peer.prepare(work, feeds, target)
         verdict = checked(work.name, prepared.to_numpy(prepared.run()), oracle)
@@ -240,7 +314,7 @@ def _prepare(name: str, size: str):
     work = workload_registry.build(name, size)
     feeds = workload_registry.feeds_for(work)
     if (name, size) not in _oracles:
-        _oracles[name, size] = float64_oracle(name, feeds)
+        _oracles[name, size] = float64_oracle(work, feeds)
     return work, feeds, _oracles[name, size]
 
 
@@ -255,6 +329,10 @@ def measure_workload(name: str, target: str, size: str, steps: int, warmup: int,
     _log(log, f"{name}: gradcompiler {_brief(entry['compiled'])}")
     if entry["compiled"]["status"] == "ok":
         entry["achieved"] = achieved(work, entry["compiled"]["median_s"], limits)
+    if work.optimizer is not None:
+        entry["memory_budgets"] = measure_budgets(work, feeds, oracle, target, steps, warmup)
+        for budget, measured in entry["memory_budgets"].items():
+            _log(log, f"{name}: memory budget {budget} {_brief_budget(measured)}")
     return entry
 
 
@@ -282,6 +360,15 @@ def _brief(measured: dict[str, Any]) -> str:
     flag = "" if measured["correct"] else f"  WRONG (rel. error {measured['max_rel_error_vs_numpy']:.2e})"
     return (f"{measured['median_s'] * 1e3:.3f} ms/step (min {measured['min_s'] * 1e3:.3f}, "
             f"max {measured['max_s'] * 1e3:.3f}){flag}")
+
+
+def _brief_budget(measured: dict[str, Any]) -> str:
+    if measured["status"] == "unmet":
+        return f"unmet: the smallest peak is {format_bytes(measured['smallest_peak_bytes'])}"
+    if "planned_peak_bytes" not in measured:
+        return _brief(measured)
+    return (f"planned peak {format_bytes(measured['planned_peak_bytes'])} "
+            f"({measured['peak_fraction']:.2f} of the default), {_brief(measured)}")
 
 
 def _brief_first_call(measured: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""The benchmark workloads of `docs/benchmarks.md` (and `cnn`, issue 14), as graph builders.
+"""The benchmark workloads of `docs/benchmarks.md` (`cnn`, issue 14; `gpt`, issue 15), as graph builders.
 
 Each builder returns a `Workload`: the graph, its scalar loss, the tensors
 the gradients are taken with respect to, the gradients themselves (built
@@ -18,6 +18,11 @@ Each workload also states what bounds it: the FLOP count a matmul-bound step
 must do (compared against the machine's SGEMM rate) or, for the others, the
 bytes it must move at the very least (every feed read once, the loss and
 every gradient written once; compared against the memory bandwidth).
+
+A workload with an `optimizer` (`gpt`) is a whole training step: the suite
+compiles it with `gc.train_step`, so the optimizer's update is part of what is
+timed and checked; its `outputs` are still the loss and the gradients, which
+is what the gradient tests compare with the hand-written backward.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ DIMS: dict[str, dict[str, dict[str, int]]] = {
                       "tiny": dict(batch=2, channels=8, height=3, width=4)},
     "cnn": {"full": dict(batch=64, channels=3, size=32, width=32, classes=10),
             "tiny": dict(batch=3, channels=2, size=6, width=4, classes=3)},
+    "gpt": {"full": dict(batch=8, seq=128, dim=256, blocks=4, vocab=2048),
+            "tiny": dict(batch=2, seq=5, dim=8, blocks=2, vocab=11)},
 }
 
 NAMES = tuple(DIMS)
@@ -67,11 +74,20 @@ class Workload:
     make_feeds: Callable[[np.random.Generator], dict[str, np.ndarray]]
     bound: str          # "gemm" (matmul-bound) or "memory"
     flops: float        # matmul FLOP per step (forward and backward); 0 when memory-bound
+    optimizer: gc.optim.Optimizer | None = None   # set: the step is a gc.train_step with it
 
     @property
     def outputs(self) -> list[gc.Tensor]:
         """What a step computes: the loss first, then the gradients in `wrt` order."""
         return [self.loss, *self.grads]
+
+    @property
+    def state_names(self) -> list[str]:
+        """A training-step workload's state in the order the suite compares it: each
+        parameter and its optimizer slots (`<param>.<slot>`, as `gc.train_step` names them),
+        then the step count."""
+        slots = self.optimizer.slot_names
+        return [n for t in self.wrt for n in (t.name, *(f"{t.name}.{s}" for s in slots))] + ["step"]
 
     @property
     def min_bytes(self) -> int:
@@ -85,10 +101,11 @@ def _normal(rng: np.random.Generator, shape, dtype, scale: float = 1.0) -> np.nd
 
 
 def _finish(name: str, size: str, dims: dict[str, int], graph: gc.Graph, loss: gc.Tensor,
-            wrt: list[gc.Tensor], make_feeds, flops: float = 0.0) -> Workload:
+            wrt: list[gc.Tensor], make_feeds, flops: float = 0.0,
+            optimizer: gc.optim.Optimizer | None = None) -> Workload:
     grads = gc.grad(loss, wrt)
     return Workload(name, size, dims, graph, loss, tuple(wrt), tuple(grads), make_feeds,
-                    "gemm" if flops else "memory", float(flops))
+                    "gemm" if flops else "memory", float(flops), optimizer)
 
 
 def build_mlp(size: str = "full", dtype="float32") -> Workload:
@@ -301,6 +318,92 @@ def build_cnn(size: str = "full", dtype="float32") -> Workload:
     return _finish("cnn", size, d, graph, loss, wrt, make_feeds, flops)
 
 
+GPT_LN_EPS = 1e-5
+GPT_HEADS = 4
+GPT_OPTIMIZER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+"""AdamW's settings for the gpt step (torch's defaults but the learning rate): the peers
+build torch.optim.AdamW and the numpy oracle its update from the same numbers."""
+
+
+def gpt_block_params(block: int) -> list[str]:
+    """The parameter names of one pre-LN block, in `wrt` order."""
+    return [f"{name}{block}" for name in ("ln1_gamma", "ln1_beta", "wq", "wk", "wv", "wo",
+                                          "ln2_gamma", "ln2_beta", "up", "down")]
+
+
+def gpt_param_shapes(vocab: int, seq: int, dim: int, blocks: int) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the gpt step by name, in `wrt` order (the gradients' order)."""
+    shapes = {"wte": (vocab, dim), "wpe": (seq, dim)}
+    for k in range(blocks):
+        vector, square = (dim,), (dim, dim)
+        shapes.update(zip(gpt_block_params(k), [vector, vector, square, square, square, square,
+                                                vector, vector, (dim, 4 * dim), (4 * dim, dim)]))
+    return {**shapes, "lnf_gamma": (dim,), "lnf_beta": (dim,), "head": (dim, vocab)}
+
+
+def causal_mask(seq: int, dtype) -> np.ndarray:
+    """(seq, seq) added to the attention scores: 0 where a query may look (keys up to its own
+    position), −inf above the diagonal, so softmax gives the future exactly zero weight."""
+    return np.triu(np.full((seq, seq), -np.inf), 1).astype(dtype)
+
+
+def build_gpt(size: str = "full", dtype="float32", **dims: int) -> Workload:
+    """A GPT-like language model's training step: token and position embeddings, pre-LN
+    blocks of causal attention with GPT_HEADS heads and a GELU MLP of 4·dim (linear layers
+    without bias, as nanoGPT's bias=False), a final layer norm, an untied output projection,
+    next-token cross-entropy, and AdamW over every parameter. `dims` replace some of the
+    size's dimensions (the remat test's longer sequence: activations outweighing the
+    parameters, as at the full size)."""
+    d = {**DIMS["gpt"][size], **dims}
+    b, t, e, vocab = d["batch"], d["seq"], d["dim"], d["vocab"]
+    head = e // GPT_HEADS
+    shapes = gpt_param_shapes(vocab, t, e, d["blocks"])
+    with gc.Graph("gpt") as graph:
+        tokens = gc.input("tokens", (b, t), "int64")
+        targets = gc.input("targets", (b, t), "int64")
+        p = {name: gc.param(name, shape, dtype) for name, shape in shapes.items()}
+        mask = gc.constant(causal_mask(t, dtype))
+
+        def heads_of(z):  # (b, t, e) → (b, heads, t, head)
+            return z.reshape(b, t, GPT_HEADS, head).transpose(0, 2, 1, 3)
+
+        x = p["wte"][tokens] + p["wpe"]
+        for k in range(d["blocks"]):
+            ln1_gamma, ln1_beta, wq, wk, wv, wo, ln2_gamma, ln2_beta, up, down = gpt_block_params(k)
+            a = gc.layer_norm(x, p[ln1_gamma], p[ln1_beta], eps=GPT_LN_EPS)
+            q, key, v = (heads_of(a @ p[w]) for w in (wq, wk, wv))
+            scores = gc.matmul(q, key, transpose_b=True) / attention_scale(head) + mask
+            o = (gc.softmax(scores, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(b, t, e)
+            x = x + o @ p[wo]
+            m = gc.layer_norm(x, p[ln2_gamma], p[ln2_beta], eps=GPT_LN_EPS)
+            x = x + gc.gelu_tanh(m @ p[up]) @ p[down]
+        f = gc.layer_norm(x, p["lnf_gamma"], p["lnf_beta"], eps=GPT_LN_EPS)
+        logits = (f @ p["head"]).reshape(b * t, vocab)
+        loss = gc.cross_entropy(logits, targets.reshape(b * t))
+
+    def make_feeds(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        feeds = dict(tokens=rng.integers(0, vocab, (b, t)).astype(np.int64),
+                     targets=rng.integers(0, vocab, (b, t)).astype(np.int64))
+        for name, shape in shapes.items():
+            if "gamma" in name:
+                feeds[name] = 1 + _normal(rng, shape, dtype, 0.1)
+            elif "beta" in name:
+                feeds[name] = _normal(rng, shape, dtype, 0.1)
+            elif name in ("wte", "wpe"):
+                feeds[name] = _normal(rng, shape, dtype)
+            else:
+                feeds[name] = _normal(rng, shape, dtype, 1 / math.sqrt(shape[0]))
+        return feeds
+
+    # forward, data gradient and weight gradient of every product: the block's four
+    # projections and its MLP (12·dim² per row), the output projection, and the two
+    # attention products per head (QKᵀ, PV; the causal half is computed too)
+    rows = b * t
+    macs = d["blocks"] * (12 * rows * e * e + 2 * b * t * t * e) + rows * e * vocab
+    return _finish("gpt", size, d, graph, loss, [p[name] for name in shapes], make_feeds,
+                   2 * 3 * macs, gc.optim.AdamW(**GPT_OPTIMIZER))
+
+
 BUILDERS: dict[str, Callable[..., Workload]] = {
     "mlp": build_mlp,
     "layernorm_gelu": build_layernorm_gelu,
@@ -310,6 +413,7 @@ BUILDERS: dict[str, Callable[..., Workload]] = {
     "spatial_transformer": build_spatial_transformer,
     "pixel_shuffle": build_pixel_shuffle,
     "cnn": build_cnn,
+    "gpt": build_gpt,
 }
 
 
