@@ -213,3 +213,37 @@ def test_cuda_train_step_keeps_the_state_on_the_device_and_matches_numpy():
     assert step.executable.donated_in_place == frozenset(step.executable.donate)
     # per call only the loss's own device array (a returned value is never reused)
     assert np.diff(allocated).tolist() == [8, 8]
+
+
+TORCH_OPTIMIZERS = {
+    "sgd_momentum_dampening_decay": ("SGD", dict(lr=0.1, momentum=0.9, dampening=0.3, weight_decay=0.01)),
+    "sgd_nesterov_decay": ("SGD", dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.02)),
+    "adam_decay": ("Adam", dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)),
+    "adamw": ("AdamW", dict(lr=0.01)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TORCH_OPTIMIZERS))
+def test_each_optimizer_equals_torch_optim_itself(case):
+    """The same 20 steps through torch.optim, where torch is installed (`make bench-peers`),
+    its learning rate set per step as ours is fed."""
+    torch = pytest.importorskip("torch", reason="torch.optim is an optional peer (make bench-peers)")
+    name, options = TORCH_OPTIMIZERS[case]
+    optimizer = CASES[case][0]()
+    _, loss, params = build_model()
+    step = gc.train_step(loss, params, optimizer)
+    rng = np.random.default_rng(16)
+    start = initial(rng)
+    state = step.init(start)
+    w, b = (torch.tensor(start[k], requires_grad=True) for k in ("w", "b"))
+    theirs = getattr(torch.optim, name)([w, b], **options)
+    for k, (x, y) in enumerate(batches(rng)):
+        lr = learning_rate(k, optimizer.lr)
+        step(state, lr=lr, x=x, y=y)
+        for group in theirs.param_groups:
+            group["lr"] = options["lr"] if lr is None else lr
+        theirs.zero_grad()
+        (torch.tanh(torch.tensor(x) @ w + b) * torch.tensor(y)).sum().backward()
+        theirs.step()
+    assert_close(state["w"], w.detach().numpy(), rtol=1e-12)
+    assert_close(state["b"], b.detach().numpy(), rtol=1e-12)

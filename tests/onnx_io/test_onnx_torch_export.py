@@ -47,12 +47,26 @@ class PreLNBlock(torch.nn.Module):
 CASES = {"cnn": (SmallCNN, (3, 2, 6, 6)), "transformer": (PreLNBlock, (2, 4, 8))}
 
 
+def _distinct(module):
+    """Random values for every parameter and buffer. torch.onnx.export merges initializers of
+    equal value: a fresh norm layer's weight (ones) and bias (zeros) would become one
+    initializer with the running statistics and the other norm layer's, whose gradient is
+    then the sum over its uses, not any one torch parameter's. Trained weights differ."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+        for name, b in module.named_buffers():
+            if b.is_floating_point():
+                b.copy_(torch.rand_like(b) + 0.5 if name.endswith("var") else torch.randn_like(b) * 0.1)
+    return module
+
+
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-9), (torch.float32, 1e-4)])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_torch_export_matches_autograd(case, dtype, rtol):
     torch.manual_seed(0)
     module_class, shape = CASES[case]
-    module = module_class().to(dtype).eval()
+    module = _distinct(module_class().to(dtype).eval())
     x = torch.randn(shape, dtype=dtype)
     buffer = io.BytesIO()
     torch.onnx.export(module, (x,), buffer, input_names=["x"], output_names=["y"],
