@@ -27,7 +27,9 @@ def step_profile():
 
 
 def test_profile_reports_wall_and_device_time_and_the_hot_functions(step_profile):
-    text = step_profile.profile("bcast_reduce", "cpu", calls=3, top=10, size="tiny")
+    # every function's own time is near zero at this size, so their order is arbitrary: list
+    # enough rows for the driver to be among them whatever the order
+    text = step_profile.profile("bcast_reduce", "cpu", calls=3, top=50, size="tiny")
     wall, device = map(float, re.search(r"median wall ([\d.]+) ms per call, device \(events\) ([\d.]+) ms",
                                         text).groups())
     assert wall > 0 and device > 0
