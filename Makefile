@@ -40,7 +40,10 @@ wheel-check: $(STAMP)
 # run), within FUZZ_SECONDS (0: no limit); prints the counts
 FUZZ_EXAMPLES ?= 2000
 FUZZ_SECONDS  ?= 0
-FUZZ_SEED     ?= $(shell $(PYTHON) -c 'import random; print(random.randrange(2**32))')
+# drawn once (:=): a recursive variable would draw anew at each use, printing another seed
+ifndef FUZZ_SEED
+FUZZ_SEED     := $(shell $(PYTHON) -c 'import random; print(random.randrange(2**32))')
+endif
 fuzz: $(STAMP)
 	@echo "fuzz: seed $(FUZZ_SEED), $(FUZZ_EXAMPLES) examples, time limit $(FUZZ_SECONDS) s"
 	NUMBA_ENABLE_CUDASIM=1 HYPOTHESIS_PROFILE=fuzz GRADCOMPILER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
