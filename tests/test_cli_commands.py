@@ -60,7 +60,8 @@ def test_dot_command_writes_a_dot_file_with_both_stages(build_file, tmp_path, ca
     assert str(out) in capsys.readouterr().out
 
 
-@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is not installed here")
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's `dot` program (a system package, "
+                    "not pip's) is not on PATH; .ci/run installs it, so CI runs this test")
 def test_dot_command_renders_svg_with_graphviz(build_file, tmp_path):
     """The rendering path itself (.ci/run installs Graphviz so it runs in CI): an SVG that
     draws the graph's ops, and no .dot left beside it."""

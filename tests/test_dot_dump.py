@@ -145,7 +145,8 @@ def test_rendering_without_graphviz_warns_how_to_install_and_writes_dot_beside(t
 
 # Rendering needs Graphviz's `dot` program, a system package pip cannot install; the
 # no-Graphviz path (warning + .dot written beside) is tested everywhere above.
-@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is not installed here")
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's `dot` program (a system package, "
+                    "not pip's) is not on PATH; .ci/run installs it, so CI runs this test")
 def test_rendering_with_graphviz_accepts_strange_names(tmp_path):
     with gc.Graph("names"):
         outs = [gc.exp(gc.input(name, (2,))) for name in STRANGE_NAMES]

@@ -12,7 +12,8 @@ import gradcompiler as gc
 
 from oracle import assert_close
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch (for torch.onnx.export) is an optional peer, "
+                            "not a test dependency: make bench-peers installs it")
 
 
 class SmallCNN(torch.nn.Module):
