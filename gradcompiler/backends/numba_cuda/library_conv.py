@@ -38,6 +38,12 @@ MAX, AVERAGE, EXCLUDE_PADDING = (POOL_MODES.index(m) for m in
                                  ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING"))
 
 
+@cuda.jit(device=True)
+def _unravel(i, d1, d2, d3):
+    """(i0, i1, i2, i3) of flat index `i` into a C-order array of shape (·, d1, d2, d3)."""
+    return i // (d3 * d2 * d1), (i // (d3 * d2)) % d1, (i // d3) % d2, i % d3
+
+
 @functools.cache
 def _conv_kernels(dtype: np.dtype):
     real = from_dtype(dtype)
@@ -50,10 +56,7 @@ def _conv_kernels(dtype: np.dtype):
         o_group = o_ // groups
         start = cuda.grid(1)
         for i in range(start, y.size, cuda.gridsize(1)):
-            ow = i % ow_
-            oh = (i // ow_) % oh_
-            o = (i // (ow_ * oh_)) % o_
-            n = i // (ow_ * oh_ * o_)
+            n, o, oh, ow = _unravel(i, o_, oh_, ow_)
             c0 = (o // o_group) * c_group
             acc = real(0)
             for ci in range(c_group):
@@ -75,10 +78,7 @@ def _conv_kernels(dtype: np.dtype):
         o_group = dy.shape[1] // groups
         start = cuda.grid(1)
         for i in range(start, dx.size, cuda.gridsize(1)):
-            iw = i % width
-            ih = (i // width) % height
-            c = (i // (width * height)) % c_
-            n = i // (width * height * c_)
+            n, c, ih, iw = _unravel(i, c_, height, width)
             group, ci = c // c_group, c % c_group
             acc = real(0)
             for kh in range(kh_):
@@ -107,10 +107,7 @@ def _conv_kernels(dtype: np.dtype):
         o_group = o_ // groups
         start = cuda.grid(1)
         for i in range(start, dw_out.size, cuda.gridsize(1)):
-            kw = i % kw_
-            kh = (i // kw_) % kh_
-            ci = (i // (kw_ * kh_)) % c_group
-            o = i // (kw_ * kh_ * c_group)
+            o, ci, kh, kw = _unravel(i, c_group, kh_, kw_)
             c = (o // o_group) * c_group + ci
             acc = real(0)
             for n in range(n_):
@@ -127,16 +124,22 @@ def _conv_kernels(dtype: np.dtype):
     return forward, backward_data, backward_filter
 
 
-class _ConvLauncher:
-    def __init__(self, op, which: int, dtype: np.dtype, out_size: int, config: LaunchConfig):
-        self.kernel = _conv_kernels(np.dtype(dtype))[which]
-        self.args = (*op.stride, *op.padding, *op.dilation, op.groups)
+class _GridLauncher:
+    """One of this module's grid-stride kernels (two inputs, then the output, then the op's
+    static arguments), one thread per output element. A kernel whose second input a case
+    does not read (pooling without `values`, average pooling's backward) is given the first
+    again."""
+
+    def __init__(self, kernel, args: tuple, out_size: int, config: LaunchConfig):
+        self.kernel, self.args = kernel, args
         self.grid, self.block = config.grid(out_size), config.block
 
-    def __call__(self, a: Any, b: Any, *, out: Any, stream: Any = 0) -> None:
-        if out.size:
-            self.kernel[self.grid, self.block, stream](to_device(a, stream), to_device(b, stream),
-                                                       out, *self.args)
+    def __call__(self, *inputs: Any, out: Any, stream: Any = 0) -> None:
+        if not out.size:
+            return
+        arrays = [to_device(a, stream) for a in inputs]
+        arrays += arrays[:1] * (2 - len(arrays))
+        self.kernel[self.grid, self.block, stream](*arrays, out, *self.args)
 
 
 @cuda_library_kernel.register(Convolution)
@@ -145,7 +148,8 @@ class _ConvLauncher:
 def _convolution(op, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
     which = (Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter).index(type(op))
     out = op.infer(*input_types)
-    return _ConvLauncher(op, which, out.dtype, out.size, config)
+    kernel = _conv_kernels(np.dtype(out.dtype))[which]
+    return _GridLauncher(kernel, (*op.stride, *op.padding, *op.dilation, op.groups), out.size, config)
 
 
 # -- pooling --------------------------------------------------------------------------------------
@@ -180,10 +184,7 @@ def _pool_kernels(dtype: np.dtype):
         height, width = x.shape[2], x.shape[3]
         start = cuda.grid(1)
         for i in range(start, y.size, cuda.gridsize(1)):
-            ow = i % ow_
-            oh = (i // ow_) % oh_
-            c = (i // (ow_ * oh_)) % c_
-            n = i // (ow_ * oh_ * c_)
+            n, c, oh, ow = _unravel(i, c_, oh_, ow_)
             h0, w0 = oh * sh - ph, ow * sw - pw
             h1, w1 = min(h0 + kh, height + ph), min(w0 + kw, width + pw)
             if mode == MAX:
@@ -202,10 +203,7 @@ def _pool_kernels(dtype: np.dtype):
         oh_, ow_ = dy.shape[2], dy.shape[3]
         start = cuda.grid(1)
         for i in range(start, dx.size, cuda.gridsize(1)):
-            iw = i % width
-            ih = (i // width) % height
-            c = (i // (width * height)) % c_
-            n = i // (width * height * c_)
+            n, c, ih, iw = _unravel(i, c_, height, width)
             acc = real(0)
             # windows whose rows hold ih: oh·sh − ph ≤ ih < oh·sh − ph + kh
             for oh in range(max(0, (ih + ph - kh) // sh + 1), min(oh_, (ih + ph) // sh + 1)):
@@ -226,35 +224,20 @@ def _pool_kernels(dtype: np.dtype):
     return forward, backward
 
 
-class _PoolLauncher:
-    def __init__(self, op, backward: bool, dtype: np.dtype, out_size: int, config: LaunchConfig):
-        self.kernel = _pool_kernels(np.dtype(dtype))[int(backward)]
-        self.args = (POOL_MODES.index(op.mode), *op.kernel, *op.stride, *op.padding)
-        self.grid, self.block = config.grid(out_size), config.block
-
-    def __call__(self, a: Any, b: Any = None, *, out: Any, stream: Any = 0) -> None:
-        if not out.size:
-            return
-        first = to_device(a, stream)
-        second = first if b is None else to_device(b, stream)
-        self.kernel[self.grid, self.block, stream](first, second, out, *self.args)
+def _pool_launcher(op, backward: bool, input_types: Sequence[TensorType],
+                   config: LaunchConfig) -> Launcher:
+    out = op.infer(*input_types)
+    kernel = _pool_kernels(np.dtype(out.dtype))[int(backward)]
+    args = (POOL_MODES.index(op.mode), *op.kernel, *op.stride, *op.padding)
+    return _GridLauncher(kernel, args, out.size, config)
 
 
 @cuda_library_kernel.register
 def _pooling(op: Pooling, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
-    out = op.infer(*input_types)
-    return _PoolLauncher(op, False, out.dtype, out.size, config)
+    return _pool_launcher(op, False, input_types, config)
 
 
 @cuda_library_kernel.register
 def _pooling_backward(op: PoolingBackward, input_types: Sequence[TensorType],
                       config: LaunchConfig) -> Launcher:
-    out = op.infer(*input_types)
-    launcher = _PoolLauncher(op, True, out.dtype, out.size, config)
-    if op.mode == "MAX":
-        return launcher
-
-    def average_backward(dy: Any, *, out: Any, stream: Any = 0) -> None:
-        launcher(dy, dy, out=out, stream=stream)  # the x argument is never read: no MAX windows
-
-    return average_backward
+    return _pool_launcher(op, True, input_types, config)
