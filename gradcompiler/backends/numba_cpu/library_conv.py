@@ -327,11 +327,9 @@ def _pool_loop(x, values, out, mode, kernel_h, kernel_w, stride_h, stride_w, pad
         n = np.int64(plane) // channels
         c = np.int64(plane) - n * channels
         for oh in range(out_h):
-            h0 = oh * stride_h - pad_h
-            h1 = min(h0 + kernel_h, height + pad_h)
+            h0, h1 = _window(oh, stride_h, pad_h, kernel_h, height)
             for ow in range(out_w):
-                w0 = ow * stride_w - pad_w
-                w1 = min(w0 + kernel_w, width + pad_w)
+                w0, w1 = _window(ow, stride_w, pad_w, kernel_w, width)
                 if mode == _MAX:
                     bi, bj = _first_max(x[n, c], h0, h1, w0, w1)
                     out[n, c, oh, ow] = values[n, c, bi, bj]
@@ -353,11 +351,9 @@ def _pool_backward_loop(x, dy, dx, mode, kernel_h, kernel_w, stride_h, stride_w,
         c = np.int64(plane) - n * channels
         dx[n, c, :, :] = 0
         for oh in range(out_h):
-            h0 = oh * stride_h - pad_h
-            h1 = min(h0 + kernel_h, height + pad_h)
+            h0, h1 = _window(oh, stride_h, pad_h, kernel_h, height)
             for ow in range(out_w):
-                w0 = ow * stride_w - pad_w
-                w1 = min(w0 + kernel_w, width + pad_w)
+                w0, w1 = _window(ow, stride_w, pad_w, kernel_w, width)
                 if mode == _MAX:
                     bi, bj = _first_max(x[n, c], h0, h1, w0, w1)
                     dx[n, c, bi, bj] += dy[n, c, oh, ow]
@@ -366,6 +362,14 @@ def _pool_backward_loop(x, dy, dx, mode, kernel_h, kernel_w, stride_h, stride_w,
                 for i in range(max(h0, 0), min(h1, height)):
                     for j in range(max(w0, 0), min(w1, width)):
                         dx[n, c, i, j] += share
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _window(o, stride, pad, kernel, size):
+    """[start, end) of output position o's window along one axis, in unpadded coordinates: it
+    may begin before 0 and end past `size`, by at most the padding."""
+    start = o * stride - pad
+    return start, min(start + kernel, size + pad)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
