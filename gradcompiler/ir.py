@@ -31,7 +31,7 @@ import heapq
 import math
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -143,6 +143,23 @@ class Node:
     def __str__(self) -> str:
         tag = f" '{self.name}'" if self.name else ""
         return f"%{self.id}{tag} = {self.op.describe()}{list(self.inputs)} : {self.type}"
+
+
+def smallest_first_order(waiting: dict[int, int], successors: Callable[[int], Iterable[int]]) -> list[int]:
+    """Kahn's algorithm taking the smallest ready id first, so the order is the same whatever
+    the dicts' order. `waiting` (consumed) holds each node's count of unfinished predecessors;
+    nodes on a cycle are left out of the result."""
+    ready = [n for n, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        n = heapq.heappop(ready)
+        order.append(n)
+        for s in successors(n):
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(ready, s)
+    return order
 
 
 _CURRENT: list[Graph] = []
@@ -283,16 +300,7 @@ class Graph:
                 if i in members:
                     waiting[n] += 1
                     readers[i].append(n)
-        ready = [n for n, count in waiting.items() if count == 0]
-        heapq.heapify(ready)
-        order = []
-        while ready:
-            n = heapq.heappop(ready)
-            order.append(n)
-            for s in readers[n]:
-                waiting[s] -= 1
-                if waiting[s] == 0:
-                    heapq.heappush(ready, s)
+        order = smallest_first_order(waiting, readers.__getitem__)
         if len(order) < len(members):  # a pass rewired a node into its own ancestors
             cycle = [u for u, *_ in nx.find_cycle(self.nx.subgraph(members))]
             raise GraphError(f"graph '{self.name}' has a cycle through nodes {cycle}")

@@ -16,7 +16,7 @@ the two ends of the edge, and a search that finds a target ends there.
 
 from __future__ import annotations
 
-import heapq
+from gradcompiler.ir import smallest_first_order
 
 from .work import WorkCounter
 
@@ -102,15 +102,5 @@ class KernelDag:
 
     def topological_order(self) -> list[int]:
         """Kahn's algorithm, always taking the smallest ready kernel first."""
-        waiting = {n: len(p) for n, p in self.pred.items()}
-        ready = [n for n, count in waiting.items() if count == 0]
-        heapq.heapify(ready)
-        order = []
-        while ready:
-            n = heapq.heappop(ready)
-            order.append(n)
-            for s in self.succ[n]:
-                waiting[s] -= 1
-                if waiting[s] == 0:
-                    heapq.heappush(ready, s)
-        return order
+        return smallest_first_order({n: len(preds) for n, preds in self.pred.items()},
+                                    self.succ.__getitem__)
