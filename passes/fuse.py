@@ -453,17 +453,6 @@ def _owned(planner: _Planner, order: list[int], nodes: list[int]) -> dict[int, l
     return owned
 
 
-def _needed(graph: Graph, outputs: list[int]) -> set[int]:
-    """The outputs and everything they read (what prune keeps; fuse plans nothing else)."""
-    needed, stack = set(outputs), list(outputs)
-    while stack:
-        for i in graph[stack.pop()].inputs:
-            if i not in needed:
-                needed.add(i)
-                stack.append(i)
-    return needed
-
-
 def _visit_order(graph: Graph, recomputed: set[int]) -> list[int]:
     """The topological order groups are made (and so run) in: by node id. With recomputed
     values (remat's clones) a node comes as soon as the earliest node that needs it, and a
@@ -488,7 +477,7 @@ def plan_fusion(graph: Graph, work: WorkCounter | None = None, donated: set[int]
     serves every step."""
     work = WorkCounter() if work is None else work
     outputs = list(graph.outputs)
-    graph.remove(set(graph.nodes) - _needed(graph, outputs))
+    graph.remove(set(graph.nodes) - graph.ancestors(outputs))  # what prune keeps: nothing else is planned
     nodes = _visit_order(graph, set(recomputed))
     materialised = mandatory_roots(graph, outputs)
     materialise_shared(graph, materialised, nodes, work)

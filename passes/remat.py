@@ -133,22 +133,11 @@ def read_by_backward(graph: Graph) -> set[int]:
             if _forward(graph[i])}
 
 
-def _with_ancestors(graph: Graph, ids: Iterable[int]) -> set[int]:
-    """`ids` and every node they depend on: one walk, each node visited once."""
-    seen, stack = set(ids), list(ids)
-    while stack:
-        for i in graph[stack.pop()].inputs:
-            if i not in seen:
-                seen.add(i)
-                stack.append(i)
-    return seen
-
-
 def min_cut_kept(graph: Graph, needed: set[int], free: set[int] = frozenset()) -> set[int]:
     """The forward values of least bytes to keep so that all of `needed` can be recomputed
     from them and from the `free` values (a segmentation's boundaries, kept anyway) (module
     docstring, step 2)."""
-    region = _with_ancestors(graph, needed)
+    region = graph.ancestors(needed)
     free = set(graph.outputs) | set(free)
     flow = nx.DiGraph()
     for v in region:
