@@ -150,8 +150,14 @@ def _im2col(x, cols, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, d
                     line[base:base + out_w] = 0
                     continue
                 line[base:base + lo] = 0
-                for ow in range(lo, hi):
-                    line[base + ow] = image[ih, ow * stride_w + offset]
+                source = image[ih]
+                if stride_w == 1:  # contiguous on both sides: a loop LLVM vectorises
+                    dest, source = line[base + lo:base + hi], source[lo + offset:hi + offset]
+                    for j in range(hi - lo):
+                        dest[j] = source[j]
+                else:
+                    for ow in range(lo, hi):
+                        line[base + ow] = source[ow * stride_w + offset]
                 line[base + hi:base + out_w] = 0
 
 
@@ -177,8 +183,14 @@ def _col2im(cols, dx, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, 
                     if ih < 0 or ih >= height:
                         continue
                     base = oh * out_w
-                    for ow in range(lo, hi):
-                        plane[ih, ow * stride_w + offset] += line[base + ow]
+                    dest = plane[ih]
+                    if stride_w == 1:  # as in _im2col
+                        dest, source = dest[lo + offset:hi + offset], line[base + lo:base + hi]
+                        for j in range(hi - lo):
+                            dest[j] += source[j]
+                    else:
+                        for ow in range(lo, hi):
+                            dest[ow * stride_w + offset] += line[base + ow]
 
 
 class _Columns:
