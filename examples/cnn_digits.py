@@ -7,10 +7,10 @@ scikit-learn (`sklearn.datasets.load_digits`; `pip install -e '.[examples]'`),
     conv3×3(1→16) + batch norm + ReLU → max-pool 2×2
     conv3×3(16→32) + batch norm + ReLU → adaptive average pool to 2×2 → linear(128→10)
 
-Two compiled executables: the training step returns the loss, every gradient
-and the batch norms' updated running statistics; the evaluation graph runs
-batch norm in inference mode on those statistics. Adam updates the weights
-in numpy.
+Two compiled executables: the training step (`gc.train_step`: forward,
+backward and Adam's update in one program) updates the weights, Adam's
+moments and the batch norms' running statistics in place; the evaluation
+graph runs batch norm in inference mode on those statistics.
 
     python examples/cnn_digits.py
 """
@@ -30,15 +30,14 @@ SHAPES = {"c1_w": (16, 1, 3, 3), "c1_gamma": (16,), "c1_beta": (16,),
 RUNNING = {"c1_mean": 16, "c1_var": 16, "c2_mean": 32, "c2_var": 32}
 
 
-def build(batch: int, training: bool):
-    """The network on a batch of (batch, 1, 8, 8) images: (loss or logits, params, extras).
-
-    Training: extras are the updated running statistics; evaluation: the logits."""
+def build(batch: int, training: bool, lr: float = 0.01):
+    """The network on a batch of (batch, 1, 8, 8) images: the training step (Adam at `lr`,
+    the running statistics updated as state) or the evaluation's compiled logits."""
     with gc.Graph("cnn_digits_train" if training else "cnn_digits_eval"):
         x = gc.input("x", (batch, 1, 8, 8))
         p = {name: gc.param(name, shape) for name, shape in SHAPES.items()}
         running = {name: gc.input(name, (size,)) for name, size in RUNNING.items()}
-        updates = []
+        updates = {}
 
         def conv_bn_relu(h, layer):
             z = gc.conv2d(h, p[f"{layer}_w"], padding=1)
@@ -46,8 +45,7 @@ def build(batch: int, training: bool):
             out = gc.batch_norm(z, p[f"{layer}_gamma"], p[f"{layer}_beta"], *stats,
                                 training=training)
             if training:
-                out, mean, var = out
-                updates.extend([mean, var])
+                out, updates[f"{layer}_mean"], updates[f"{layer}_var"] = out
             return gc.relu(out)
 
         h = gc.max_pool2d(conv_bn_relu(x, "c1"), 2)
@@ -57,8 +55,7 @@ def build(batch: int, training: bool):
             return gc.compile(logits, target="cpu")
         labels = gc.input("labels", (batch,), "int32")
         loss = gc.cross_entropy(logits, labels)
-        grads = gc.grad(loss, list(p.values()))
-        return gc.compile([loss, *grads, *updates], target="cpu")
+        return gc.train_step(loss, list(p.values()), gc.optim.Adam(lr), updates=updates)
 
 
 def load(seed: int) -> tuple[np.ndarray, ...]:
@@ -85,44 +82,25 @@ def init(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return weights
 
 
-class Adam:
-    def __init__(self, weights: dict[str, np.ndarray], lr: float):
-        self.lr, self.t = lr, 0
-        self.m = {k: np.zeros_like(v) for k, v in weights.items()}
-        self.v = {k: np.zeros_like(v) for k, v in weights.items()}
-
-    def update(self, weights: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> None:
-        self.t += 1
-        scale = self.lr * math.sqrt(1 - 0.999 ** self.t) / (1 - 0.9 ** self.t)
-        for k, g in grads.items():
-            self.m[k] = 0.9 * self.m[k] + 0.1 * g
-            self.v[k] = 0.999 * self.v[k] + 0.001 * g * g
-            weights[k] -= scale * self.m[k] / (np.sqrt(self.v[k]) + 1e-8)
-
-
 def main(epochs: int = 6, batch: int = 32, lr: float = 0.01, seed: int = 0,
          verbose: bool = True) -> dict:
     """Train; return the per-step losses, the test accuracy and the seconds taken."""
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     x_train, y_train, x_test, y_test = load(seed)
-    train_step, evaluate = build(batch, training=True), build(len(x_test), training=False)
-    weights = init(rng)
+    train_step, evaluate = build(batch, training=True, lr=lr), build(len(x_test), training=False)
     running = {k: np.full(n, 1.0 if k.endswith("var") else 0.0, np.float32)
                for k, n in RUNNING.items()}
-    adam = Adam(weights, lr)
+    state = train_step.init({**init(rng), **running})
     losses = []
     for epoch in range(epochs):
         order = rng.permutation(len(x_train))
         for first in range(0, len(order) - batch + 1, batch):
             rows = order[first:first + batch]
-            loss, *rest = train_step(x=x_train[rows], labels=y_train[rows], **weights, **running)
-            adam.update(weights, dict(zip(SHAPES, rest[:len(SHAPES)])))
-            running = dict(zip(RUNNING, rest[len(SHAPES):]))
-            losses.append(float(loss))
+            losses.append(train_step(state, x=x_train[rows], labels=y_train[rows]))
         if verbose:
             print(f"epoch {epoch + 1:2d}: mean loss {np.mean(losses[-len(order) // batch:]):.4f}")
-    logits = evaluate(x=x_test, **weights, **running)
+    logits = evaluate(x=x_test, **{k: state[k] for k in (*SHAPES, *RUNNING)})
     accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
     seconds = time.perf_counter() - start
     if verbose:

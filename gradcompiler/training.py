@@ -14,6 +14,9 @@ replaces (`gc.compile(donate=...)`), so the state's arrays are the executable's
 own buffers: a call allocates nothing proportional to the parameters and copies
 nothing; `state` holds the same arrays before and after.
 
+`updates` adds state that is not trained: each named input (batch norm's running
+statistics) is fed from the state and its new value donated back to it.
+
 On target "cuda" `init` puts the state on the device and it stays there; a
 step copies only the batch up and the loss down.
 
@@ -60,13 +63,14 @@ class _OptimizerStep:
     their executable (which compiles again where it is unpickled) and their description."""
 
     def __init__(self, executable, optimizer: Optimizer, params: Sequence[str],
-                 types: Mapping[str, Any], target: str):
+                 types: Mapping[str, Any], target: str, buffers: Sequence[str] = ()):
         self.executable = executable
         self.optimizer = optimizer
         self.target = target
         self.state_names = list(types)
         self.types = dict(types)
         self.param_names = list(params)
+        self.buffer_names = list(buffers)  # updated inputs (train_step's `updates`)
         self._lr_value: float | None = None
         self._lr = np.zeros((), SCALAR_DTYPE)
         if target == "cuda":
@@ -76,17 +80,18 @@ class _OptimizerStep:
 
     def __reduce__(self):
         return type(self), (self.executable, self.optimizer, self.param_names, self.types,
-                            self.target)
+                            self.target, self.buffer_names)
 
     def init(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """A fresh state: a copy of each parameter's initial value (`values` by name), zeros for
-        every optimizer slot, and the step count 0."""
-        missing = sorted(set(self.param_names) - set(values))
+        """A fresh state: a copy of each parameter's and updated input's initial value (`values`
+        by name), zeros for every optimizer slot, and the step count 0."""
+        given = [*self.param_names, *self.buffer_names]
+        missing = sorted(set(given) - set(values))
         if missing:
-            raise FeedError(f"train_step.init: no initial value for parameter(s) {missing}")
+            raise FeedError(f"train_step.init: no initial value for {missing}")
         state = {}
         for name, t in self.types.items():
-            if name not in self.param_names:
+            if name not in given:
                 state[name] = np.zeros(t.shape, t.dtype)
                 continue
             value = np.asarray(values[name])
@@ -173,14 +178,21 @@ def checked_params(loss: Tensor, params) -> list[Tensor]:
 
 
 def train_step(loss: Tensor, params, optimizer: Optimizer, target: str = "cpu",
-               memory_budget: float | int | None = None, **compile_options: Any) -> TrainStep:
+               memory_budget: float | int | None = None,
+               updates: Mapping[str, Tensor] | None = None, **compile_options: Any) -> TrainStep:
     """Compile the training step of the scalar `loss` over `params` (gc.param Tensors) with
     `optimizer` (`gc.optim`) for `target`; `memory_budget` (bytes, or a fraction of the
-    default plan's peak) and `compile_options` go to `gc.compile`."""
+    default plan's peak) and `compile_options` go to `gc.compile`.
+
+    `updates` maps the name of an input of the graph to its new value, a Tensor of the same
+    type: state that is not trained but changes each step, as batch norm's running
+    statistics. Such an input joins the state (`init` takes its first value) and is
+    updated in place as the parameters are."""
     params = checked_params(loss, params)
     if not isinstance(optimizer, Optimizer):
         raise GraphError(f"train_step: optimizer must be a gc.optim optimizer, got "
                          f"{type(optimizer).__name__}", site=call_site())
+    updated = _checked_updates(loss, updates, [p.node.name for p in params])
     graph = loss.graph.copy()
     loss = Tensor(graph, loss.id)
     params = [Tensor(graph, p.id) for p in params]
@@ -189,11 +201,38 @@ def train_step(loss: Tensor, params, optimizer: Optimizer, target: str = "cpu",
     if taken:
         raise GraphError(f"train_step: the feed name(s) {taken} are the training state's; rename "
                          "those inputs", site=call_site())
+    buffers = {name: Tensor(graph, value.id) for name, value in updated.items()}
     grads = grad(loss, params)
     executable, types = _compiled_update(graph, dict(zip(names, params)), dict(zip(names, grads)),
-                                         optimizer, [loss], target=target,
+                                         optimizer, [loss], buffers, target=target,
                                          memory_budget=memory_budget, **compile_options)
-    return TrainStep(executable, optimizer, names, types, target)
+    return TrainStep(executable, optimizer, names, types, target, buffers=list(buffers))
+
+
+def _checked_updates(loss: Tensor, updates: Mapping[str, Tensor] | None,
+                     params: Sequence[str]) -> dict[str, Tensor]:
+    """`updates` checked: each key names an input of `loss`'s graph that is not a parameter,
+    each value is a Tensor of that graph with the input's shape and dtype."""
+    if updates is None:
+        return {}
+    if not isinstance(updates, Mapping):
+        raise GraphError(f"train_step: updates must map input names to Tensors, got "
+                         f"{type(updates).__name__}", site=call_site())
+    graph = loss.graph
+    for name, value in updates.items():
+        nid = graph.feed_names.get(name)
+        if nid is None or name in params:
+            kind = "a parameter" if name in params else "no input of the graph"
+            raise GraphError(f"train_step: updates[{name!r}]: {name!r} is {kind}; updates name "
+                             "the inputs whose new values the step writes back", site=call_site())
+        if not isinstance(value, Tensor) or value.graph is not graph:
+            raise GraphError(f"train_step: updates[{name!r}] must be a Tensor of the loss's graph",
+                             site=call_site())
+        want = graph[nid].type
+        if (value.shape, value.dtype) != (want.shape, want.dtype):
+            raise GraphError(f"train_step: updates[{name!r}] is {value.dtype}{list(value.shape)}, but "
+                             f"input {name!r} is {want.dtype}{list(want.shape)}", site=call_site())
+    return dict(updates)
 
 
 def _state_feeds(names: Sequence[str], optimizer: Optimizer) -> list[str]:
@@ -202,9 +241,11 @@ def _state_feeds(names: Sequence[str], optimizer: Optimizer) -> list[str]:
 
 
 def _compiled_update(graph, params: Mapping[str, Tensor], grads: Mapping[str, Tensor],
-                     optimizer: Optimizer, outputs: list[Tensor], **compile_options: Any):
+                     optimizer: Optimizer, outputs: list[Tensor], buffers: Mapping[str, Tensor] | None = None,
+                     **compile_options: Any):
     """Compile `outputs` and `optimizer`'s update of `params` from `grads` (nodes of `graph`),
-    each new value donated to the feed it replaces; (executable, state types by name)."""
+    and the new values of the inputs `buffers` names, each new value donated to the feed it
+    replaces; (executable, state types by name)."""
     names = list(params)
     with graph, graph.building("backward"):
         lr, count = feed(LR, (), SCALAR_DTYPE), feed(STEP, (), SCALAR_DTYPE)
@@ -219,6 +260,9 @@ def _compiled_update(graph, params: Mapping[str, Tensor], grads: Mapping[str, Te
                            *([(STEP, step_number)] if name == names[-1] else [])]:
             donate[len(outputs)] = key
             outputs.append(value)
+    for key, value in (buffers or {}).items():
+        donate[len(outputs)] = key
+        outputs.append(value)
     executable = compile_step(outputs, donate=donate, **compile_options)
     types = {key: graph[graph.feed_names[key]].type for key in donate.values()}
     return executable, types

@@ -178,6 +178,70 @@ def test_train_step_refuses_state_names_taken_by_the_graph_and_non_params():
         gc.train_step(loss, [x], gc.optim.SGD(0.1))
 
 
+def batch_norm_model():
+    """Σ batch_norm(x·W)·y in training mode, whose running statistics are state the step
+    updates without training them (train_step's `updates`)."""
+    with gc.Graph("bn_layer"):
+        x = gc.input("x", (BATCH, FEATURES), "float64")
+        y = gc.input("y", (BATCH, UNITS), "float64")
+        w = gc.param("w", (FEATURES, UNITS), "float64")
+        gamma, beta = gc.param("gamma", (UNITS,), "float64"), gc.param("beta", (UNITS,), "float64")
+        mean, var = gc.input("mean", (UNITS,), "float64"), gc.input("var", (UNITS,), "float64")
+        out, new_mean, new_var = gc.batch_norm(x @ w, gamma, beta, mean, var, momentum=0.2)
+        loss = (out * y).sum()
+    return loss, [w, gamma, beta], {"mean": new_mean, "var": new_var}
+
+
+def numpy_batch_norm_step(params, stats, x, y, lr, momentum=0.2, eps=1e-5):
+    """One SGD step of `batch_norm_model` in plain numpy: batch statistics, torch's
+    momentum convention and unbiased running variance."""
+    z = x @ params["w"]
+    mu, var = z.mean(axis=0), z.var(axis=0)
+    inv = 1 / np.sqrt(var + eps)
+    zhat = (z - mu) * inv
+    dzhat = y * params["gamma"]
+    dz = inv * (dzhat - dzhat.mean(axis=0) - zhat * (dzhat * zhat).mean(axis=0))
+    grads = {"w": x.T @ dz, "gamma": (y * zhat).sum(axis=0), "beta": y.sum(axis=0)}
+    for name, g in grads.items():
+        params[name] = params[name] - lr * g
+    n = len(z)
+    stats["mean"] = (1 - momentum) * stats["mean"] + momentum * mu
+    stats["var"] = (1 - momentum) * stats["var"] + momentum * var * n / (n - 1)
+
+
+def test_updates_write_batch_norm_statistics_back_in_place():
+    loss, params, updates = batch_norm_model()
+    step = gc.train_step(loss, params, gc.optim.SGD(0.05), updates=updates)
+    rng = np.random.default_rng(11)
+    start = {"w": rng.standard_normal((FEATURES, UNITS)), "gamma": np.ones(UNITS),
+             "beta": np.zeros(UNITS), "mean": np.zeros(UNITS), "var": np.ones(UNITS)}
+    state = step.init(start)
+    held = dict(state)
+    want = {k: start[k].copy() for k in ("w", "gamma", "beta")}
+    stats = {k: start[k].copy() for k in ("mean", "var")}
+    for x, y in list(batches(rng))[:5]:
+        step(state, x=x, y=y)
+        numpy_batch_norm_step(want, stats, x, y, 0.05)
+    for name, value in {**want, **stats}.items():
+        assert state[name] is held[name]
+        assert_close(state[name], value, rtol=1e-12, label=name)
+    with pytest.raises(gc.FeedError, match=r"no initial value for \['var'\]"):
+        step.init({k: v for k, v in start.items() if k != "var"})
+
+
+def test_updates_are_checked_against_the_inputs_they_replace():
+    loss, params, updates = batch_norm_model()
+    with pytest.raises(gc.GraphError, match="'moving' is no input of the graph"):
+        gc.train_step(loss, params, gc.optim.SGD(0.1), updates={"moving": updates["mean"]})
+    with pytest.raises(gc.GraphError, match="'w' is a parameter"):
+        gc.train_step(loss, params, gc.optim.SGD(0.1), updates={"w": updates["mean"]})
+    with loss.graph:
+        wrong = updates["mean"].reshape(1, UNITS)
+    with pytest.raises(gc.GraphError, match=r"updates\['mean'\] is float64\[1, 3\], but input 'mean' "
+                       r"is float64\[3\]"):
+        gc.train_step(loss, params, gc.optim.SGD(0.1), updates={"mean": wrong})
+
+
 def test_optimizer_arguments_are_checked_as_torch_checks_them():
     with pytest.raises(ValueError, match="nesterov"):
         gc.optim.SGD(0.1, nesterov=True)
