@@ -128,6 +128,27 @@ def _inside(count, stride, offset, size):
     return lo, max(lo, hi)
 
 
+@njit(inline="always", cache=True, error_model="numpy")
+def _shifted_plane(image, line, row_shift, offset, lo, hi, out_h, width):
+    """One tap's column row when the output is as wide as the image at stride 1 (a "same"
+    convolution): line[oh·W + ow] = image[(oh + row_shift)·W + ow + offset] is the flat
+    image shifted by a constant, so the rows inside the image are one contiguous copy (a
+    run of thousands, where a row at a time is a run of W), and the columns outside,
+    ow < lo or ow ≥ hi, which the copy filled from the neighbouring rows, are zeroed after."""
+    oh0, oh1 = _inside(out_h, 1, row_shift, image.size // width)
+    shift = row_shift * width + offset
+    start, stop = oh0 * width, oh1 * width
+    line[:start] = 0
+    first, last = max(start, -shift), min(stop, image.size - shift)
+    dest, source = line[first:last], image[first + shift:last + shift]
+    for p in range(last - first):  # slices, so no index can be negative: a vectorised copy
+        dest[p] = source[p]
+    line[stop:] = 0
+    for oh in range(oh0, oh1):
+        line[oh * width:oh * width + lo] = 0
+        line[oh * width + hi:(oh + 1) * width] = 0
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _im2col(x, cols, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, out_w):
     """cols[b, (c·KH + kh)·KW + kw, oh·OW + ow] = x[first + b, c, ih, iw], 0 in the padding."""
@@ -135,6 +156,8 @@ def _im2col(x, cols, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, d
     height, width = x.shape[2], x.shape[3]
     taps = rows // x.shape[1]
     out_h = pixels // out_w
+    same_width = stride_h == 1 and stride_w == 1 and out_w == width
+    flat = x.reshape(-1)
     for b in range(count):
         for row in range(rows):
             c = row // taps
@@ -143,6 +166,10 @@ def _im2col(x, cols, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, d
             offset = kw * dil_w - pad_w
             lo, hi = _inside(out_w, stride_w, offset, width)
             image, line = x[first + b, c], cols[b, row]
+            if same_width:
+                plane = flat[((first + b) * x.shape[1] + c) * height * width:][:height * width]
+                _shifted_plane(plane, line, kh * dil_h - pad_h, offset, lo, hi, out_h, width)
+                continue
             for oh in range(out_h):
                 ih = oh * stride_h - pad_h + kh * dil_h
                 base = oh * out_w
