@@ -30,6 +30,11 @@ CONV_CASES = {  # x shape, w shape, stride, padding, dilation, groups
     "pointwise": ((3, 4, 3, 5), (5, 4, 1, 1), (1, 1), (0, 0), (1, 1), 1),
     "pointwise_groups": ((2, 4, 3, 3), (6, 2, 1, 1), (1, 1), (0, 0), (1, 1), 2),
     "pointwise_stride2": ((1, 4, 5, 5), (2, 4, 1, 1), (2, 2), (0, 0), (1, 1), 1),
+    # "same" width at stride 1: each tap is one shifted run of the flat image
+    "same_3x3": ((2, 3, 5, 6), (4, 3, 3, 3), (1, 1), (1, 1), (1, 1), 1),
+    "same_dilated": ((2, 2, 6, 5), (3, 2, 3, 3), (1, 1), (2, 2), (2, 2), 1),
+    "same_1x5": ((1, 2, 4, 7), (2, 2, 1, 5), (1, 1), (0, 2), (1, 1), 1),
+    "same_width_fewer_rows": ((1, 2, 6, 5), (2, 2, 3, 3), (1, 1), (0, 1), (1, 1), 1),
 }
 
 

@@ -19,6 +19,13 @@ never wait for each other until the convolution ends.
 
 * 1×1 filters with stride 1 and no padding skip the unfolding: the image
   already is its column matrix.
+* A "same" convolution (stride 1, the output as wide as the image: 3×3 with
+  padding 1, the common case) reads each tap as the flat image shifted by a
+  constant, so im2col copies one run per tap and col2im adds one, the few
+  columns that wrap into the neighbouring row zeroed; other geometries go a
+  row at a time, a contiguous copy at stride 1. Every copy is between slices,
+  so no index can be negative and LLVM vectorises it (a negative index would
+  be wrapped, which it cannot vectorise).
 * BackwardData multiplies the transposed filters into the column buffer
   and folds it back (col2im, per image plane, so each thread owns the
   pixels it adds into): every output pixel's contribution lands where its
@@ -129,24 +136,27 @@ def _inside(count, stride, offset, size):
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _shifted_plane(image, line, row_shift, offset, lo, hi, out_h, width):
-    """One tap's column row when the output is as wide as the image at stride 1 (a "same"
-    convolution): line[oh·W + ow] = image[(oh + row_shift)·W + ow + offset] is the flat
-    image shifted by a constant, so the rows inside the image are one contiguous copy (a
-    run of thousands, where a row at a time is a run of W), and the columns outside,
-    ow < lo or ow ≥ hi, which the copy filled from the neighbouring rows, are zeroed after."""
-    oh0, oh1 = _inside(out_h, 1, row_shift, image.size // width)
+def _shifted_run(row_shift, offset, out_h, width, size):
+    """One tap of a "same" convolution (stride 1, output as wide as the image): column entry
+    p = oh·W + ow reads image pixel p + shift, shift = row_shift·W + offset, a constant, so
+    the tap is one contiguous run of the flat image (thousands of elements, where a row at a
+    time is a run of W). (start, stop): the entries whose row is inside the image; (first,
+    last): those whose pixel p + shift is, too. Inside [first, last) the entries of the
+    columns ow < lo or ow ≥ hi pair with a pixel of the neighbouring row (`_zero_outside`)."""
+    oh0, oh1 = _inside(out_h, 1, row_shift, size // width)
     shift = row_shift * width + offset
     start, stop = oh0 * width, oh1 * width
+    return start, stop, max(start, -shift), min(stop, size - shift), shift
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _zero_outside(line, start, stop, lo, hi, width):
+    """Zero the column entries of `_shifted_run` whose pixel is outside the image."""
     line[:start] = 0
-    first, last = max(start, -shift), min(stop, image.size - shift)
-    dest, source = line[first:last], image[first + shift:last + shift]
-    for p in range(last - first):  # slices, so no index can be negative: a vectorised copy
-        dest[p] = source[p]
     line[stop:] = 0
-    for oh in range(oh0, oh1):
-        line[oh * width:oh * width + lo] = 0
-        line[oh * width + hi:(oh + 1) * width] = 0
+    for row in range(start, stop, width):
+        line[row:row + lo] = 0
+        line[row + hi:row + width] = 0
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -168,7 +178,11 @@ def _im2col(x, cols, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, d
             image, line = x[first + b, c], cols[b, row]
             if same_width:
                 plane = flat[((first + b) * x.shape[1] + c) * height * width:][:height * width]
-                _shifted_plane(plane, line, kh * dil_h - pad_h, offset, lo, hi, out_h, width)
+                start, stop, run0, run1, shift = _shifted_run(kh * dil_h - pad_h, offset, out_h, width, plane.size)
+                dest, source = line[run0:run1], plane[run0 + shift:run1 + shift]
+                for p in range(run1 - run0):  # slices: no index can be negative, so this vectorises
+                    dest[p] = source[p]
+                _zero_outside(line, start, stop, lo, hi, width)
                 continue
             for oh in range(out_h):
                 ih = oh * stride_h - pad_h + kh * dil_h
@@ -195,6 +209,8 @@ def _col2im(cols, dx, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, 
     channels, height, width = dx.shape[1], dx.shape[2], dx.shape[3]
     taps = rows // channels
     out_h = pixels // out_w
+    same_width = stride_h == 1 and stride_w == 1 and out_w == width
+    flat = dx.reshape(-1)
     for b in range(count):
         for c in range(channels):
             plane = dx[first + b, c]
@@ -205,6 +221,15 @@ def _col2im(cols, dx, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, 
                 offset = kw * dil_w - pad_w
                 lo, hi = _inside(out_w, stride_w, offset, width)
                 line = cols[b, c * taps + t]
+                if same_width:  # the column buffer is ours: zero what falls outside, add one run
+                    image = flat[((first + b) * channels + c) * height * width:][:height * width]
+                    start, stop, run0, run1, shift = _shifted_run(kh * dil_h - pad_h, offset, out_h, width,
+                                                                  image.size)
+                    _zero_outside(line, start, stop, lo, hi, width)
+                    dest, source = image[run0 + shift:run1 + shift], line[run0:run1]
+                    for p in range(run1 - run0):
+                        dest[p] += source[p]
+                    continue
                 for oh in range(out_h):
                     ih = oh * stride_h - pad_h + kh * dil_h
                     if ih < 0 or ih >= height:
