@@ -197,8 +197,8 @@ def _im2col(x, cols, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, d
                     for j in range(hi - lo):
                         dest[j] = source[j]
                 else:
-                    for ow in range(lo, hi):
-                        line[base + ow] = source[ow * stride_w + offset]
+                    for ow in range(lo, hi):  # unsigned: a pixel inside, never wrapped
+                        line[base + ow] = source[np.uint64(ow * stride_w + offset)]
                 line[base + hi:base + out_w] = 0
 
 
@@ -242,7 +242,7 @@ def _col2im(cols, dx, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, 
                             dest[j] += source[j]
                     else:
                         for ow in range(lo, hi):
-                            dest[ow * stride_w + offset] += line[base + ow]
+                            dest[np.uint64(ow * stride_w + offset)] += line[base + ow]
 
 
 class _Columns:
