@@ -48,7 +48,7 @@ fuzz: $(STAMP)
 	@echo "fuzz: seed $(FUZZ_SEED), $(FUZZ_EXAMPLES) examples, time limit $(FUZZ_SECONDS) s"
 	NUMBA_ENABLE_CUDASIM=1 HYPOTHESIS_PROFILE=fuzz GRADCOMPILER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
 		GRADCOMPILER_FUZZ_SECONDS=$(FUZZ_SECONDS) \
-		$(PY) -m pytest tests/hardening/test_fuzz_random_graphs.py -q -s -p no:warnings \
+		$(PY) -m pytest tests/hardening/test_fuzz_random_graphs.py -q -s --disable-warnings \
 		--hypothesis-seed=$(FUZZ_SEED)
 
 # OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE (set on some machines for old OpenBLAS builds) halve

@@ -270,7 +270,10 @@ def test_non_finite_feeds_give_the_reference_nan_and_inf(target):
         CHECKED[f"non-finite-{target}/reference"] += 1
 
     check()
-    assert salted["non-finite"] * 3 >= salted["cases"], f"too few cases reached a non-finite output: {salted}"
+    # a share of a handful is chance, not a property of the generator: a time budget that
+    # ends the run after a case or two says nothing (make test checks 10 and 30 cases)
+    if salted["cases"] >= min(NON_FINITE_EXAMPLES.values()):
+        assert salted["non-finite"] * 3 >= salted["cases"], f"too few cases reached a non-finite output: {salted}"
 
 
 def test_the_recipes_reach_every_op():
