@@ -21,7 +21,9 @@ kernels are enqueued and its outputs made.
 Each distinct `LoopKernel` is generated once per launch geometry
 (`codegen`), written to the module cache shared with the CPU backend
 (`numba_cpu.cache`, so Numba's `cache=True` finds the file again), and
-compiled by Numba when first launched.
+compiled by Numba when first launched. Every launch site is pre-bound
+(`launch.PreboundKernel`): Numba's dispatcher resolves its argument types
+once, at the first call, and later calls launch the compiled kernel directly.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from ...kernel import KernelStep, LibraryStep, LoopKernel, Program
 from ..numba_cpu import cache
 from .codegen import CudaKernelSource, block_for, generate
 from .device import LaunchConfig, copy, default_config, flat, is_device_array, to_device, view
+from .launch import PreboundKernel
 from .library import cuda_library_kernel
 from .library_reduce import PartialFold
 
@@ -81,13 +84,16 @@ class CudaBuildOptions:
 
 
 class _KernelLaunch:
-    """A KernelStep bound to its buffers, scratch rows and partial folds."""
+    """A KernelStep bound to its buffers, scratch rows and partial folds, launched through a
+    `PreboundKernel` (the dispatcher's type resolution once, not per call; `launch`)."""
 
-    def __init__(self, step: KernelStep, compiled: CompiledCudaKernel, config: LaunchConfig):
+    def __init__(self, step: KernelStep, compiled: CompiledCudaKernel, config: LaunchConfig,
+                 prebind: bool = True):
         self.step, self.compiled = step, compiled
         source = compiled.source
         self.grid = source.grid(step.kernel, config.partial_blocks if source.partials else config.max_blocks)
         self.block = source.block
+        self.kernel = PreboundKernel(compiled.function, self.grid, self.block, prebind)
         self.scratch = {k: cuda.device_array(self.grid * p.size, p.dtype)
                         for k, (b, p) in enumerate(zip(step.args, step.kernel.params)) if b is None}
         self.partials = [cuda.device_array(self.grid * s.kept, s.dtype) for s in source.partials]
@@ -96,7 +102,7 @@ class _KernelLaunch:
 
     def __call__(self, buffers: list[Any], stream: Any) -> None:
         args = [self.scratch[k] if b is None else buffers[b] for k, b in enumerate(self.step.args)]
-        self.compiled.function[self.grid, self.block, stream](*args, *self.partials)
+        self.kernel(stream, *args, *self.partials)
         for (fold, out), partials in zip(self.folds, self.partials):
             fold(partials, buffers[out], stream)
 
@@ -227,7 +233,7 @@ def build(program: Program, options: CudaBuildOptions) -> CudaBuild:
         if isinstance(step, KernelStep):
             compiled = compile_kernel(step.kernel, config)
             step_kernels.append(compiled)
-            launches.append(_KernelLaunch(step, compiled, config))
+            launches.append(_KernelLaunch(step, compiled, config, prebind=not options.debug))
         else:
             launches.append(_LibraryLaunch(step, program, config))
     distinct = list({id(k): k for k in step_kernels}.values())
