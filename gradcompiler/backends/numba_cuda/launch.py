@@ -19,6 +19,7 @@ launch site: every argument is a flat C-contiguous device array of a buffer's fi
 (`device.to_device` refuses non-contiguous device feeds, `device.flat` makes them 1-D) or a
 scalar fixed when the launcher was built. A caller that cannot promise that (the debug
 mode, which exists to check things) passes `prebind=False` and keeps the dispatcher's path.
+GRADCOMPILER_CUDA_PREBIND=0 does the same everywhere, to measure one path against the other.
 
 Where binding would not be the same launch, it is not done and every call goes through the
 dispatcher, as before: Numba's CUDA simulator (its `overloads` holds no compiled kernels, and
@@ -30,9 +31,15 @@ numba-cuda without these attributes. `bound` says which path a launch site took.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 _NO_STREAM = object()
+
+
+def prebind_default() -> bool:
+    """Whether launches are pre-bound unless told: yes, but for GRADCOMPILER_CUDA_PREBIND=0."""
+    return os.environ.get("GRADCOMPILER_CUDA_PREBIND", "1") != "0"
 
 
 def bound_overload(dispatcher: Any, configured: Any, args: tuple) -> Any | None:
@@ -62,9 +69,9 @@ class PreboundKernel:
     """`dispatcher[grid, block, stream](*args)`, resolved on the first call and launched
     directly after it (module docstring). Call as `launch(stream, *args)`."""
 
-    def __init__(self, dispatcher: Any, grid: Any, block: Any, prebind: bool = True):
+    def __init__(self, dispatcher: Any, grid: Any, block: Any, prebind: bool | None = None):
         self.dispatcher, self.grid, self.block = dispatcher, grid, block
-        self.prebind = prebind
+        self.prebind = prebind_default() if prebind is None else prebind
         self.bound: Any | None = None  # the compiled specialization, once resolved
         self.resolved = False  # whether resolution was tried (it is tried once)
         self._stream: Any = _NO_STREAM
