@@ -10,9 +10,14 @@
 #                                           python3); the checkout is put on its PYTHONPATH
 #   TEST_TIMEOUT=300 BENCH_TIMEOUT=300      seconds each part may run (default: no limit)
 #
+#   BENCH_GRAPHS=1                          also run the suite with GRADCOMPILER_CUDA_GRAPHS=1
+#
 # Writes OUT_DIR/device.txt (the GPU and the versions found), cuda-tests.log and cuda-tests.xml
-# (pytest, JUnit), profile.txt (host against device time per call), bench-cuda.log,
-# bench-cuda.json, bench-cuda.md and bench-cuda.png. Exits 2 without a usable GPU, 1 if a test
+# (pytest, JUnit), profile.txt (host against device time per call), profile-unbound.txt (the
+# same with GRADCOMPILER_CUDA_PREBIND=0: every launch through Numba's dispatcher),
+# profile-graphs.txt (the same with GRADCOMPILER_CUDA_GRAPHS=1), bench-cuda.log,
+# bench-cuda.json, bench-cuda.md and bench-cuda.png (with BENCH_GRAPHS=1 also
+# bench-cuda-graphs.{log,json,md}). Exits 2 without a usable GPU, 1 if a test
 # or the suite failed, 0 otherwise; every part runs even when an earlier one failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +72,7 @@ if "$PY" -c "import xdist" 2>/dev/null; then parallel=(-n "${TEST_WORKERS:-8}");
 # shellcheck disable=SC2046  # limit prints a command and its argument, or nothing
 $(limit "${TEST_TIMEOUT:-}") "$PY" -m pytest "${parallel[@]}" -k cuda \
     tests/backends/test_cuda_sim_library.py tests/backends/test_cuda_sim_graphs.py \
+    tests/backends/test_cuda_matmul_route.py tests/backends/test_cuda_launch.py \
     tests/hardening/test_bad_feeds_runtime.py tests/hardening/test_fuzz_random_graphs.py \
     tests/hardening/test_codegen_safety.py tests/hardening/test_debug_mode.py \
     --junitxml="$OUT/cuda-tests.xml" 2>&1 | tee "$OUT/cuda-tests.log"
@@ -76,10 +82,26 @@ $(limit "${TEST_TIMEOUT:-}") "$PY" -m pytest "${parallel[@]}" -k cuda \
 $(limit "${PROFILE_TIMEOUT:-}") "$PY" scripts/step_profile.py --target cuda --workload mlp \
     --workload attention --workload layernorm_gelu > "$OUT/profile.txt" 2>&1 || status=1
 
+# launch overhead: the same profile with every launch through the dispatcher, and with CUDA graphs
+# shellcheck disable=SC2046
+GRADCOMPILER_CUDA_PREBIND=0 $(limit "${PROFILE_TIMEOUT:-}") "$PY" scripts/step_profile.py --target cuda \
+    --workload mlp --workload attention --workload layernorm_gelu > "$OUT/profile-unbound.txt" 2>&1 || status=1
+# shellcheck disable=SC2046
+GRADCOMPILER_CUDA_GRAPHS=1 $(limit "${PROFILE_TIMEOUT:-}") "$PY" scripts/step_profile.py --target cuda \
+    --workload mlp --workload attention --workload layernorm_gelu > "$OUT/profile-graphs.txt" 2>&1 || status=1
+
 # shellcheck disable=SC2086,SC2046  # BENCH_ARGS is a list of options
 $(limit "${BENCH_TIMEOUT:-}") "$PY" -m gradcompiler.bench --target cuda ${BENCH_ARGS:-} --json "$OUT/bench-cuda.json" \
     --markdown "$OUT/bench-cuda.md" --plot "$OUT/bench-cuda.png" 2>&1 | tee "$OUT/bench-cuda.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+if [ "${BENCH_GRAPHS:-0}" = 1 ]; then
+    # shellcheck disable=SC2086,SC2046
+    GRADCOMPILER_CUDA_GRAPHS=1 $(limit "${BENCH_TIMEOUT:-}") "$PY" -m gradcompiler.bench --target cuda ${BENCH_ARGS:-} \
+        --json "$OUT/bench-cuda-graphs.json" --markdown "$OUT/bench-cuda-graphs.md" 2>&1 \
+        | tee "$OUT/bench-cuda-graphs.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
 echo "gpu-check: results in $OUT (status $status)"
 exit $status

@@ -50,7 +50,8 @@ def device_seconds(run, target: str) -> float:
 def profile(name: str, target: str, calls: int, top: int, size: str = "full") -> str:
     work = workload_registry.build(name, size)
     feeds = workload_registry.feeds_for(work)
-    run = suite.step_runner(work, suite.compile_step(work, target), feeds, target)
+    step = suite.compile_step(work, target)
+    run = suite.step_runner(work, step, feeds, target)
     for _ in range(3):
         run()
     wall = suite.time_calls(run, calls, 0)["median_s"]
@@ -63,7 +64,18 @@ def profile(name: str, target: str, calls: int, top: int, size: str = "full") ->
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
     return (f"== {name} on {target}: median wall {wall * 1e3:.3f} ms per call, "
-            f"device (events) {device * 1e3:.3f} ms\n{text.getvalue()}")
+            f"device (events) {device * 1e3:.3f} ms\n{launch_paths(step)}{text.getvalue()}")
+
+
+def launch_paths(step) -> str:
+    """How the CUDA runner launches (pre-bound kernels, CUDA graphs); nothing on the CPU."""
+    runner = getattr(getattr(step, "executable", step), "_runner", None)
+    if not hasattr(runner, "graph_status"):
+        return ""
+    kernels = [launch.kernel for launch in runner.launches if hasattr(launch, "kernel")]
+    bound = sum(kernel.bound is not None for kernel in kernels)
+    return (f"   launches: {len(runner.launches)}, generated kernels pre-bound: {bound} of {len(kernels)}; "
+            f"CUDA graphs {runner.graph_status}, captured {runner.captures} time(s)\n")
 
 
 def trace(name: str, target: str, size: str = "full") -> None:

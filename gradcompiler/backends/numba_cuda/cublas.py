@@ -25,6 +25,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from .device import stream_pointer
+
 MatmulRoute = Callable[[Any, Any, Any, bool, bool, Any], None]
 
 
@@ -37,8 +39,7 @@ class CublasMatmul:
     def __call__(self, a: Any, b: Any, out: Any, transpose_a: bool, transpose_b: bool,
                  stream: Any = 0) -> None:
         cp = self.cupy
-        handle = getattr(getattr(stream, "handle", None), "value", None) or 0
-        with cp.cuda.ExternalStream(handle):
+        with cp.cuda.ExternalStream(stream_pointer(stream)):
             left, right = cp.asarray(a), cp.asarray(b)
             if transpose_a:
                 left = left.swapaxes(-1, -2)

@@ -112,6 +112,23 @@ def to_device(value: Any, stream: Any = 0, what: str = "array") -> Any:
     return device
 
 
+def device_address(array: Any) -> int:
+    """Where `array`'s data starts: its device pointer (`__cuda_array_interface__`), or on
+    Numba's simulator, whose device arrays are host memory, its host pointer."""
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is None:
+        interface = array.__array_interface__
+    return int(interface["data"][0] or 0)
+
+
+def stream_pointer(stream: Any) -> int:
+    """The driver's handle of a Numba stream (or 0) as an int: numba-cuda 0.30's
+    `Stream.handle` is a `CUstream` (`int()` reads it), older ones' a ctypes pointer."""
+    handle = getattr(stream, "handle", stream)
+    value = getattr(handle, "value", handle)
+    return int(value or 0)
+
+
 def flat(array: Any) -> Any:
     """A 1-D view of a contiguous device array (a 0-d array becomes shape (1,))."""
     return array if array.ndim == 1 else array.reshape(array.size if array.ndim else 1)

@@ -21,13 +21,23 @@ kernels are enqueued and its outputs made.
 Each distinct `LoopKernel` is generated once per launch geometry
 (`codegen`), written to the module cache shared with the CPU backend
 (`numba_cpu.cache`, so Numba's `cache=True` finds the file again), and
-compiled by Numba when first launched.
+compiled by Numba when first launched. Every launch site is pre-bound
+(`launch.PreboundKernel`): Numba's dispatcher resolves its argument types
+once, at the first call, and later calls launch the compiled kernel directly.
+
+With GRADCOMPILER_CUDA_GRAPHS=1 (`CudaBuildOptions.cuda_graphs`) the runner
+captures the step's launches into CUDA graphs after the first call and
+replays them; every buffer then has a fixed address, feeds are copied into
+the executable's own buffers, and outputs are copied out (`cuda_graphs`
+says why and when, and what is not captured).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +51,9 @@ from ...ir import Node, TensorType
 from ...kernel import KernelStep, LibraryStep, LoopKernel, Program
 from ..numba_cpu import cache
 from .codegen import CudaKernelSource, block_for, generate
-from .device import LaunchConfig, copy, default_config, flat, is_device_array, to_device, view
+from .cuda_graphs import GraphCapture, graph_capture, unavailable_reason
+from .device import LaunchConfig, copy, default_config, device_address, flat, is_device_array, to_device, view
+from .launch import PreboundKernel
 from .library import cuda_library_kernel
 from .library_reduce import PartialFold
 
@@ -78,16 +90,22 @@ class CudaBuildOptions:
     debug: bool = False
     arena_sizes: Sequence[int] | None = None
     step_labels: Sequence[str] = ()
+    cuda_graphs: bool | None = None  # None: GRADCOMPILER_CUDA_GRAPHS decides (`cuda_graphs`)
 
 
 class _KernelLaunch:
-    """A KernelStep bound to its buffers, scratch rows and partial folds."""
+    """A KernelStep bound to its buffers, scratch rows and partial folds, launched through a
+    `PreboundKernel` (the dispatcher's type resolution once, not per call; `launch`)."""
 
-    def __init__(self, step: KernelStep, compiled: CompiledCudaKernel, config: LaunchConfig):
+    capturable = True  # no allocation, no host synchronisation (`cuda_graphs`)
+
+    def __init__(self, step: KernelStep, compiled: CompiledCudaKernel, config: LaunchConfig,
+                 prebind: bool | None = None):
         self.step, self.compiled = step, compiled
         source = compiled.source
         self.grid = source.grid(step.kernel, config.partial_blocks if source.partials else config.max_blocks)
         self.block = source.block
+        self.kernel = PreboundKernel(compiled.function, self.grid, self.block, prebind)
         self.scratch = {k: cuda.device_array(self.grid * p.size, p.dtype)
                         for k, (b, p) in enumerate(zip(step.args, step.kernel.params)) if b is None}
         self.partials = [cuda.device_array(self.grid * s.kept, s.dtype) for s in source.partials]
@@ -96,7 +114,7 @@ class _KernelLaunch:
 
     def __call__(self, buffers: list[Any], stream: Any) -> None:
         args = [self.scratch[k] if b is None else buffers[b] for k, b in enumerate(self.step.args)]
-        self.compiled.function[self.grid, self.block, stream](*args, *self.partials)
+        self.kernel(stream, *args, *self.partials)
         for (fold, out), partials in zip(self.folds, self.partials):
             fold(partials, buffers[out], stream)
 
@@ -107,6 +125,7 @@ class _LibraryLaunch:
         self.shapes = [program.buffers[b].shape for b in (*step.inputs, step.output)]
         types = [TensorType(program.buffers[b].shape, program.buffers[b].dtype) for b in step.inputs]
         self.launch = cuda_library_kernel(step.op, types, config)
+        self.capturable = bool(getattr(self.launch, "capturable", False))  # `cuda_graphs`
 
     def __call__(self, buffers: list[Any], stream: Any) -> None:
         *inputs, out = (view(buffers[b], shape) for b, shape in zip((*self.step.inputs, self.step.output),
@@ -117,7 +136,8 @@ class _LibraryLaunch:
 class CudaRunner:
     """Device buffers of one executable and the loop over its steps."""
 
-    def __init__(self, program: Program, launches: list, options: CudaBuildOptions, config: LaunchConfig):
+    def __init__(self, program: Program, launches: list, options: CudaBuildOptions, config: LaunchConfig,
+                 capture: GraphCapture | None = None):
         self.program, self.launches, self.config = program, launches, config
         self.debug, self.step_labels = options.debug, list(options.step_labels)
         buffers = program.buffers
@@ -138,6 +158,40 @@ class CudaRunner:
             elif spec.role == "temp" and b not in self.outputs:
                 self.fixed[b] = cuda.device_array(spec.size, spec.dtype)
         self.lock = threading.Lock()  # one call at a time (module docstring)
+        self._plan_graphs(capture, options)
+
+    def _plan_graphs(self, capture: GraphCapture | None, options: CudaBuildOptions) -> None:
+        """Which launches are captured into CUDA graphs, if any (`cuda_graphs`)."""
+        self.segments: list[tuple[bool, list]] = []  # maximal runs of (capturable?, launches)
+        for launch in self.launches:
+            capturable = bool(getattr(launch, "capturable", False))
+            if self.segments and self.segments[-1][0] == capturable:
+                self.segments[-1][1].append(launch)
+            else:
+                self.segments.append((capturable, [launch]))
+        captured = sum(len(part) for capturable, part in self.segments if capturable)
+        if options.debug:
+            capture, self.graph_status = None, "off (debug mode checks after every launch)"
+        elif capture is None:
+            self.graph_status = unavailable_reason(options.cuda_graphs)
+        elif not captured:
+            capture, self.graph_status = None, "off (no launch of this step can be captured)"
+        else:
+            graphs = sum(1 for capturable, _ in self.segments if capturable)
+            self.graph_status = (f"on: {captured} of {len(self.launches)} launches in {graphs} graph(s), "
+                                 "captured after the first call")
+        self.capture = capture
+        program = self.program
+        donated = {program.buffers[program.outputs[k]].feed_name for k in program.in_place}
+        written = {self._root(b) for step in program.steps
+                   for b in (step.outputs if isinstance(step, KernelStep) else (step.output,))}
+        self.written_feeds = tuple(b for b, spec in enumerate(program.buffers)
+                                    if spec.role == "feed" and (b in written or spec.feed_name in donated))
+        self.captures = 0  # graphs captured (once, plus once per change of a written feed's array)
+        self._owned: list[Any] | None = None  # every buffer, fixed for the graphs' sake
+        self._warm = False  # whether a first call ran eagerly on the fixed buffers
+        self._graphs: list[Any] | None = None  # one per segment: a graph, or None (run eagerly)
+        self._graph_key: tuple | None = None  # the written feeds' addresses the graphs hold
 
     def _in_arena(self, b: int) -> bool:
         return self.program.buffers[b].storage is not None and bool(self.arena_sizes)
@@ -177,11 +231,19 @@ class CudaRunner:
             return self._run(feeds, to_host, stream)
 
     def _run(self, feeds: Mapping[str, Any], to_host: bool, stream: Any) -> list[Any]:
+        if self.capture is not None:
+            return self._run_graphs(feeds, to_host, stream)
         buffers = self._buffers(feeds)
         for s, launch in enumerate(self.launches):
             launch(buffers, stream)
             if self.debug:
                 self._check(launch, buffers, s)
+        return self._results(buffers, feeds, to_host, stream, owned=False)
+
+    def _results(self, buffers: list[Any], feeds: Mapping[str, Any], to_host: bool, stream: Any,
+                 owned: bool) -> list[Any]:
+        """The outputs, shaped; with `owned` (graphs: every buffer is the executable's for
+        good), each copied out of its buffer, so the next call cannot overwrite it."""
         results = []
         for k, b in enumerate(self.program.outputs):
             spec = self.program.buffers[b]
@@ -190,10 +252,84 @@ class CudaRunner:
                 results.append(value.copy_to_host() if to_host else value)
                 continue
             value = view(buffers[b], spec.shape)
-            if self.program.buffers[self._root(b)].role in ("const", "feed") and not to_host:
+            if not to_host and (owned or self.program.buffers[self._root(b)].role in ("const", "feed")):
                 value = self._fresh_copy(value, stream)  # never hand out our constant or the caller's feed
             results.append(value.copy_to_host() if to_host else value)
         return results
+
+    # -- CUDA graphs (`cuda_graphs`) ---------------------------------------------------------------
+
+    def _run_graphs(self, feeds: Mapping[str, Any], to_host: bool, stream: Any) -> list[Any]:
+        buffers = self._graph_buffers(feeds, stream)
+        key = tuple(device_address(buffers[b]) for b in self.written_feeds)
+        ran = False
+        if not self._warm:  # compiles, loads and pre-binds every launch: never inside a capture
+            self._launch_all(self.launches, buffers, stream)
+            self._warm = ran = True
+        if key != self._graph_key:
+            self._capture_graphs(buffers, key)
+        if not ran:
+            if self._graphs is None:  # the capture failed: eagerly, on the same buffers
+                self._launch_all(self.launches, buffers, stream)
+            else:
+                for graph, (_, part) in zip(self._graphs, self.segments):
+                    if graph is not None:
+                        self.capture.launch(graph, stream)
+                    else:
+                        self._launch_all(part, buffers, stream)
+        results = self._results(buffers, feeds, to_host, stream, owned=True)
+        if self._graphs is None:
+            self.capture = None  # later calls: the eager path
+        return results
+
+    @staticmethod
+    def _launch_all(part: list, buffers: list[Any], stream: Any) -> None:
+        for launch in part:
+            launch(buffers, stream)
+
+    def _graph_buffers(self, feeds: Mapping[str, Any], stream: Any) -> list[Any]:
+        """Every buffer at its fixed address: the executable's own, allocated at the first call
+        (the outputs' storages and a buffer per feed that no step writes, into which this call's
+        feed is copied), and the caller's arrays of the feeds the step writes in place."""
+        program = self.program
+        if self._owned is None:
+            owned = list(self.fixed)
+            storages = {s: self._allocate(max(self.arena_sizes[s], 1), np.uint8) for s in self.per_call_storage}
+            for b, spec in enumerate(program.buffers):
+                if spec.role == "feed" and b not in self.written_feeds:
+                    owned[b] = self._allocate(spec.size, spec.dtype)
+                elif spec.role == "temp" and owned[b] is None:
+                    owned[b] = (storages[spec.storage][: spec.nbytes].view(spec.dtype) if self._in_arena(b)
+                                else self._allocate(spec.size, spec.dtype))
+            self._owned = owned
+        buffers = list(self._owned)
+        for b, spec in enumerate(program.buffers):
+            if spec.role != "feed":
+                continue
+            if b in self.written_feeds:
+                buffers[b] = flat(feeds[spec.feed_name])
+            elif spec.size:
+                buffers[b].copy_to_device(flat(feeds[spec.feed_name]), stream=stream)
+        for b, spec in enumerate(program.buffers):
+            if spec.role == "alias":
+                buffers[b] = buffers[spec.alias_of]
+        return buffers
+
+    def _capture_graphs(self, buffers: list[Any], key: tuple) -> None:
+        """One graph per capturable segment, over `buffers`; on failure, none (and a warning)."""
+        graphs = []
+        try:
+            for capturable, part in self.segments:
+                graphs.append(self.capture.capture(functools.partial(self._launch_all, part, buffers))
+                              if capturable else None)
+        except Exception as err:  # noqa: BLE001 - any refusal of the capture: run eagerly, say why
+            self._graphs, self._graph_key = None, None
+            self.graph_status = f"off (the capture failed: {type(err).__name__}: {err})"
+            warnings.warn(f"GRADCOMPILER_CUDA_GRAPHS: this step runs without CUDA graphs, {self.graph_status}",
+                          RuntimeWarning, stacklevel=5)
+            return
+        self._graphs, self._graph_key = graphs, key
+        self.captures += 1
 
     def _fresh_copy(self, value: Any, stream: Any) -> Any:
         fresh = self._allocate(value.shape, value.dtype, stream)
@@ -227,11 +363,12 @@ def build(program: Program, options: CudaBuildOptions) -> CudaBuild:
         if isinstance(step, KernelStep):
             compiled = compile_kernel(step.kernel, config)
             step_kernels.append(compiled)
-            launches.append(_KernelLaunch(step, compiled, config))
+            launches.append(_KernelLaunch(step, compiled, config, prebind=False if options.debug else None))
         else:
             launches.append(_LibraryLaunch(step, program, config))
     distinct = list({id(k): k for k in step_kernels}.values())
-    return CudaBuild(CudaRunner(program, launches, options, config), step_kernels, distinct)
+    capture = None if options.debug else graph_capture(options.cuda_graphs)
+    return CudaBuild(CudaRunner(program, launches, options, config, capture), step_kernels, distinct)
 
 
 def device_feeds(placeholders: Sequence[Node], feeds: Mapping[str, Any],

@@ -95,6 +95,12 @@ class _BatchedProduct:
                      max(1, min(_MAX_GRID_YZ, batches)))
         self.block = (t, t)
 
+    @property
+    def capturable(self) -> bool:
+        """Whether a CUDA graph may hold this product (`cuda_graphs`): the tiled kernel
+        allocates nothing per call; cuBLAS through CuPy may take temporaries from CuPy's pool."""
+        return self.blas is None or bool(getattr(self.blas, "capturable", False))
+
     def __call__(self, a: Any, b: Any, *, out: Any, stream: Any = 0) -> None:
         if not out.size:
             return

@@ -34,6 +34,7 @@ from ...index_expr import strides as row_major
 from ...ir import TensorType
 from ...ops.reduce import Reduce, ReduceTo, reduce_to_axes
 from .device import SHUFFLE_DTYPES, LaunchConfig, device_constant, flat, offset_of, to_device
+from .launch import PreboundKernel
 from .library import Launcher, cuda_library_kernel
 
 
@@ -137,7 +138,11 @@ def _kernels(mode: str, dtype: np.dtype, block: int, shuffle: bool):
 
 
 class _Reduction:
-    """A reduction of `x` over `axes` into `out`, planned once for fixed shapes."""
+    """A reduction of `x` over `axes` into `out`, planned once for fixed shapes. Capturable
+    into a CUDA graph (`cuda_graphs`): it allocates nothing per call and never waits for the
+    device."""
+
+    capturable = True
 
     def __init__(self, mode: str, x: TensorType, axes: Sequence[int], config: LaunchConfig,
                  divisor: int | None = None, dtype: np.dtype | None = None):
@@ -168,6 +173,7 @@ class _Reduction:
             # stage two folds the (parts, outputs) partials along their leading axis
             self.partials = ((device_constant([self.n_out]), device_constant([1])),
                              (device_constant([self.parts]), device_constant([self.n_out])))
+        self._launches()
 
     def _parts(self) -> int:
         """Chunks (column layout) or splits (row layout) of each output's reduced elements."""
@@ -176,6 +182,17 @@ class _Reduction:
         rows_per_block = math.ceil(self.n_red / self.config.reduce_block)
         return max(1, min(rows_per_block, self.config.max_blocks // max(self.n_out, 1)))
 
+    def _launches(self) -> None:
+        """The stage and fold launches, pre-bound (`launch`): their grids and every argument's
+        type are fixed here, so the dispatcher resolves them once."""
+        config = self.config
+        if self.column_layout:
+            self.stage_launch = PreboundKernel(self.column, config.grid(self.parts * self.n_out), config.block)
+        else:
+            blocks = max(1, min(config.max_blocks, self.parts * self.n_out))
+            self.stage_launch = PreboundKernel(self.row, blocks, config.reduce_block)
+        self.fold_launch = PreboundKernel(self.column, config.grid(self.n_out), config.block)
+
     def __call__(self, x: Any, *, out: Any, stream: Any = 0) -> None:
         if not self.n_out:
             return
@@ -183,20 +200,12 @@ class _Reduction:
         target = flat(out)
         single = self.parts == 1
         stage_out = target if single else self.stage
-        config = self.config
-        if self.column_layout:
-            self.column[config.grid(self.parts * self.n_out), config.block, stream](
-                x, stage_out, *self.kept, *self.reduced, self.n_red, self.parts, self.start, self.divisor,
-                True, single)
-        else:
-            blocks = max(1, min(config.max_blocks, self.parts * self.n_out))
-            self.row[blocks, config.reduce_block, stream](
-                x, stage_out, *self.kept, *self.reduced, self.n_red, self.parts, self.start, self.divisor,
-                True, single)
+        self.stage_launch(stream, x, stage_out, *self.kept, *self.reduced, self.n_red, self.parts, self.start,
+                          self.divisor, True, single)
         if not single:
             kept, reduced = self.partials
-            self.column[config.grid(self.n_out), config.block, stream](
-                stage_out, target, *kept, *reduced, self.parts, 1, self.start, self.divisor, False, True)
+            self.fold_launch(stream, stage_out, target, *kept, *reduced, self.parts, 1, self.start, self.divisor,
+                             False, True)
 
 
 class PartialFold:
