@@ -3,11 +3,11 @@ Numba's CUDA simulator, against each op's numpy reference, on every path: stride
 dilation, groups, 1×1 (the image as its own column matrix), non-square, and depthwise (which
 stays on the direct kernels).
 
-Each case runs through three routes: the tiled shared-memory product (what the simulator
-runs: it has no cuBLAS), a numpy stand-in for the cuBLAS route (as in
-test_cuda_matmul_route.py: the views, transpose flags and broadcast batches a cuBLAS call
-would get), and the direct kernels (GRADCOMPILER_CUDA_CONV=direct). float64 agrees to
-1e-10, float32 to 1e-5.
+Each case runs through the tiled shared-memory product (what the simulator runs: it has no
+cuBLAS), a numpy stand-in for the cuBLAS route (as in test_cuda_matmul_route.py: the views,
+transpose flags and broadcast batches a cuBLAS call would get), the direct kernels
+(GRADCOMPILER_CUDA_CONV=direct), and under `make gpu-check` the real cuBLAS route. float64
+agrees to 1e-10, float32 to 1e-5.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if not simulator_active(cuda) and os.environ.get("GRADCOMPILER_GPU_CHECK") != "1
     raise RuntimeError("the CUDA tests run on Numba's simulator: set NUMBA_ENABLE_CUDASIM=1 before "
                        "numba.cuda is imported (make test does), or run them on a GPU")
 
-from gradcompiler.backends.numba_cuda import library_conv, library_linalg  # noqa: E402
+from gradcompiler.backends.numba_cuda import cublas, library_conv, library_linalg  # noqa: E402
 from gradcompiler.backends.numba_cuda.device import LaunchConfig  # noqa: E402
 from gradcompiler.backends.numba_cuda.library import cuda_library_kernel  # noqa: E402
 from gradcompiler.ir import TensorType  # noqa: E402
@@ -64,16 +64,20 @@ def _host_route(calls):
     return route
 
 
-@pytest.fixture(params=["tiled", "blas", "direct"])
+@pytest.fixture(params=["tiled", "blas", "direct", "cublas"])
 def route(request, monkeypatch):
     """The route's name and the products it sent to the BLAS stand-in (blas only)."""
     calls = []
-    if request.param == "blas":
+    if request.param == "tiled":
+        monkeypatch.setattr(library_linalg, "matmul_route", lambda: None)
+    elif request.param == "blas":
         monkeypatch.setattr(library_linalg, "matmul_route", lambda: _host_route(calls))
     elif request.param == "direct":
         monkeypatch.setenv("GRADCOMPILER_CUDA_CONV", "direct")
+    elif simulator_active(cuda) or os.environ.get("GRADCOMPILER_GPU_CHECK") != "1":
+        pytest.skip("the real cuBLAS route needs a GPU and CuPy: make gpu-check runs it")
     else:
-        assert library_linalg.matmul_route() is None  # the simulator has no cuBLAS
+        assert cublas.matmul_route() is not None, "make gpu-check needs CuPy (the cuda extra)"
     return request.param, calls
 
 
