@@ -173,5 +173,19 @@ def test_the_algorithm_is_chosen_by_shape(monkeypatch):
     geometry = {case: conv_ops(case, np.float64)[0].geometry(*CASES[case][:2]) for case in CASES}
     assert {case for case, g in geometry.items()
             if library_conv.conv_algorithm(g) == "direct"} == {"depthwise"}
-    monkeypatch.setenv("GRADCOMPILER_CUDA_CONV", "direct")
-    assert {library_conv.conv_algorithm(g) for g in geometry.values()} == {"direct"}
+    for forced in ("direct", "gemm"):
+        monkeypatch.setenv("GRADCOMPILER_CUDA_CONV", forced)
+        assert {library_conv.conv_algorithm(g) for g in geometry.values()} == {forced}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_depthwise_convolution_forced_onto_the_product(dtype, rng, monkeypatch):
+    """GRADCOMPILER_CUDA_CONV=gemm (for measuring): depthwise as a batch of one-channel
+    products, through the BLAS stand-in."""
+    monkeypatch.setenv("GRADCOMPILER_CUDA_CONV", "gemm")
+    monkeypatch.setattr(library_linalg, "matmul_route", lambda: _host_route([]))
+    forward, data, filt, x_shape, w_shape, y_shape = conv_ops("depthwise", dtype)
+    x, w = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(w_shape).astype(dtype)
+    dy = rng.standard_normal(y_shape).astype(dtype)
+    for launch in (run(forward, x, w), run(data, w, dy), run(filt, x, dy)):
+        assert not isinstance(launch, library_conv._GridLauncher)

@@ -38,7 +38,7 @@ group. Each group's product would be an (O/groups × KH·KW) by (KH·KW ×
 pixels) matrix, usually a single row: a degenerate product that reuses
 nothing, behind an unfolding that copies the image KH·KW times, where the
 direct kernel reads each input pixel KH·KW times from cache and writes the
-result once. GRADCOMPILER_CUDA_CONV=direct forces the direct kernels for
+result once. GRADCOMPILER_CUDA_CONV=direct (or =gemm) forces one route for
 every shape, to measure the two against each other.
 
 The direct kernels are grid-stride loops in which one thread owns one
@@ -270,8 +270,9 @@ def _column_kernels(dtype: np.dtype):
 def conv_algorithm(g: Geometry) -> str:
     """"gemm" (im2col + matrix product) or "direct" (a thread per result element) for a
     convolution of geometry `g`, forward and both gradients alike (module docstring)."""
-    if os.environ.get("GRADCOMPILER_CUDA_CONV", "").lower() == "direct":
-        return "direct"
+    forced = os.environ.get("GRADCOMPILER_CUDA_CONV", "").lower()
+    if forced in ("direct", "gemm"):
+        return forced
     if g.groups > 1 and g.c_per_group == 1:  # depthwise: a degenerate product per channel
         return "direct"
     return "gemm"
