@@ -73,9 +73,9 @@ from numba import cuda, from_dtype
 from ...ir import TensorType
 from ...ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, Geometry
 from ...ops.pool import POOL_MODES, Pooling, PoolingBackward
+from . import library_linalg  # a module, not its names: library_linalg may be importing library
 from .device import LaunchConfig, to_device, view
 from .library import Launcher, cuda_library_kernel
-from .library_linalg import _BatchedProduct
 
 COLUMN_BYTES = 64 << 20
 MAX, AVERAGE, EXCLUDE_PADDING = (POOL_MODES.index(m) for m in
@@ -324,7 +324,7 @@ class _GemmForward:
         self.c = c = _Gemm(g, dtype, config)
         gr, og = g.groups, g.o_per_group
         self.cols = None if c.pointwise else c.buffer(c.rows * c.pixels)
-        self.products = {count: _BatchedProduct(
+        self.products = {count: library_linalg._BatchedProduct(
             (gr, og, c.depth), (count * gr, c.depth, c.pixels), (count * gr, og, c.pixels),
             *c.group_tables(count), False, False, dtype, config,
             blas_shapes=((gr, og, c.depth), (count, gr, c.depth, c.pixels), (count, gr, og, c.pixels)))
@@ -349,7 +349,7 @@ class _GemmBackwardData:
         self.c = c = _Gemm(g, dtype, config)
         gr, og = g.groups, g.o_per_group
         self.cols = None if c.pointwise else c.buffer(c.rows * c.pixels)
-        self.products = {count: _BatchedProduct(
+        self.products = {count: library_linalg._BatchedProduct(
             (gr, og, c.depth), (count * gr, og, c.pixels), (count * gr, c.depth, c.pixels),
             *c.group_tables(count), True, False, dtype, config,
             blas_shapes=((gr, og, c.depth), (count, gr, og, c.pixels), (count, gr, c.depth, c.pixels)))
@@ -382,8 +382,8 @@ class _GemmBackwardFilter:
             depth = count * c.pixels  # the chunk's images and pixels: one product per group
             shapes = ((gr, og, depth), (gr, c.depth, depth), (gr, og, c.depth))
             table = np.arange(gr)
-            self.products[count] = _BatchedProduct(*shapes, table, table, False, True, dtype, config,
-                                                   blas_shapes=shapes)
+            self.products[count] = library_linalg._BatchedProduct(
+                *shapes, table, table, False, True, dtype, config, blas_shapes=shapes)
 
     def __call__(self, x: Any, dy: Any, *, out: Any, stream: Any = 0) -> None:
         if not out.size:
