@@ -72,6 +72,7 @@ if "$PY" -c "import xdist" 2>/dev/null; then parallel=(-n "${TEST_WORKERS:-8}");
 # shellcheck disable=SC2046  # limit prints a command and its argument, or nothing
 $(limit "${TEST_TIMEOUT:-}") "$PY" -m pytest "${parallel[@]}" -k cuda \
     tests/backends/test_cuda_sim_library.py tests/backends/test_cuda_sim_graphs.py \
+    tests/backends/test_cuda_sim_conv.py tests/backends/test_cuda_sim_conv_gemm.py \
     tests/backends/test_cuda_matmul_route.py tests/backends/test_cuda_launch.py \
     tests/hardening/test_bad_feeds_runtime.py tests/hardening/test_fuzz_random_graphs.py \
     tests/hardening/test_codegen_safety.py tests/hardening/test_debug_mode.py \

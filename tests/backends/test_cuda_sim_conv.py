@@ -30,7 +30,7 @@ from gradcompiler.ops.conv import (  # noqa: E402
 )
 from gradcompiler.ops.pool import Pooling, PoolingBackward  # noqa: E402
 
-GRID_STRIDE = LaunchConfig(block=8, max_blocks=2, reduce_block=4, tile=2, column_chunks=3)
+GRID_STRIDE = LaunchConfig(block=8, max_blocks=2, reduce_block=4, tile=4, column_chunks=3)
 
 
 def assert_matches(op, *inputs):

@@ -1,27 +1,69 @@
 """Convolution and pooling on the GPU (docs/op-reference.md §13-§14).
 
-Every kernel is a grid-stride loop in which one thread owns one element of
-the result and gathers what it needs, so nothing is scattered and no
-atomics are needed:
+Convolution is implicit in a matrix product, as on the CPU
+(numba_cpu/library_conv.py): a chunk of images is unfolded (im2col) into a
+column buffer (rows: channel × kernel tap, columns: output pixels) and the
+grouped filters are multiplied into it through the matmul route of
+library_linalg (`_BatchedProduct`: cuBLAS by way of CuPy where it reaches a
+GPU, the 16×16 shared-memory tile kernel otherwise, cublas.py), with groups
+as a batch dimension of the product. Why a product: the direct kernel below
+has each thread walk its whole C/groups × KH × KW filter from global memory
+with no reuse between threads; as a product, every filter value loaded into
+a tile (or a cuBLAS register block) serves a whole tile of output pixels,
+and cuBLAS brings tensor cores and split-K that no hand kernel here has.
+The price is the unfolding, one pass writing KH·KW copies of the image.
+
+* Forward: per chunk, im2col then `W[g] @ cols[n, g]` written straight into
+  the output. 1×1 filters with stride 1 and no padding skip the unfolding:
+  the image already is its column matrix, so the whole batch is one product.
+* BackwardData: per chunk, `W[g]ᵀ @ dy[n, g]` into the column buffer, then
+  col2im as a gather: a thread per input pixel sums the column entries that
+  read it (the taps whose output pixel lies on the stride grid), so nothing
+  is scattered and no atomics or zero-stuffed gradient are needed. 1×1
+  filters with stride 1 and no padding multiply straight into dx.
+* BackwardFilter: the chunk is unfolded channel-major, (rows, image, pixel),
+  and dy is gathered to (O, image, pixel) (a chunk of one image reads dy as
+  it is), so the sum over the chunk's images is the depth of one product per
+  group, `dy[g] @ cols[g]ᵀ`; the first chunk writes the filter gradient,
+  later ones a filter-sized buffer that is added in.
+
+The buffers (columns, gathered dy, the partial filter gradient) are
+allocated once per launcher, when it is built, and reused by every call;
+a chunk holds as many images as keep them near `COLUMN_BYTES` (64 MB), so
+the cost is bounded whatever the batch (one image's columns at least).
+
+What stays direct (`conv_algorithm`, the one place the choice is made, by
+shape): depthwise and other grouped convolutions with one input channel per
+group. Each group's product would be an (O/groups × KH·KW) by (KH·KW ×
+pixels) matrix, usually a single row: a degenerate product that reuses
+nothing, behind an unfolding that copies the image KH·KW times, where the
+direct kernel reads each input pixel KH·KW times from cache and writes the
+result once. GRADCOMPILER_CUDA_CONV=direct (or =gemm) forces one route for
+every shape, to measure the two against each other.
+
+The direct kernels are grid-stride loops in which one thread owns one
+element of the result and gathers what it needs (no atomics):
 
 * Convolution: a thread per output pixel sums its C/groups × KH × KW taps.
 * BackwardData: a thread per input pixel walks the taps that can read it
-  and keeps those whose output pixel lies on the stride grid (no
-  zero-stuffed gradient).
+  and keeps those whose output pixel lies on the stride grid.
 * BackwardFilter: a thread per filter element sums over the batch and the
   output pixels.
-* Pooling: a thread per window; PoolingBackward a thread per input pixel
-  over the windows that hold it (MAX recomputes each window's first
-  maximum, so the forward leaves no argmax behind).
 
-Accumulation is in the input's float type. These are the straightforward
-kernels, correct first; a shared-memory tiled convolution would replace the
-three convolution kernels without changing their launchers.
+Pooling is direct as well: a thread per window; PoolingBackward a thread per
+input pixel over the windows that hold it (MAX recomputes each window's
+first maximum, so the forward leaves no argmax behind).
+
+Accumulation is in the input's float type (float32 for float16 in the
+tiled products). A launcher's buffers are its own, so two launches of one
+launcher must not run at once on different streams.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,11 +71,13 @@ import numpy as np
 from numba import cuda, from_dtype
 
 from ...ir import TensorType
-from ...ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter
+from ...ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, Geometry
 from ...ops.pool import POOL_MODES, Pooling, PoolingBackward
-from .device import LaunchConfig, to_device
+from . import library_linalg  # a module, not its names: library_linalg may be importing library
+from .device import LaunchConfig, to_device, view
 from .library import Launcher, cuda_library_kernel
 
+COLUMN_BYTES = 64 << 20
 MAX, AVERAGE, EXCLUDE_PADDING = (POOL_MODES.index(m) for m in
                                  ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING"))
 
@@ -142,12 +186,235 @@ class _GridLauncher:
         self.kernel[self.grid, self.block, stream](*arrays, out, *self.args)
 
 
+# -- convolution as a matrix product ------------------------------------------------------------
+
+@functools.cache
+def _column_kernels(dtype: np.dtype):
+    real = from_dtype(dtype)
+
+    @cuda.jit
+    def im2col(x, cols, first, image_major, kernel_w, sh, sw, ph, pw, dh, dw, out_w):
+        """cols[b, row, p] (image-major) or cols[row, b, p] = x[first + b, c, ih, iw] for
+        row = (c·KH + kh)·KW + kw and p = oh·OW + ow; 0 in the padding."""
+        rows = cols.shape[1] if image_major else cols.shape[0]
+        count = cols.shape[0] if image_major else cols.shape[1]
+        pixels = cols.shape[2]
+        taps = rows // x.shape[1]
+        height, width = x.shape[2], x.shape[3]
+        for i in range(cuda.grid(1), cols.size, cuda.gridsize(1)):
+            p = i % pixels
+            outer = i // pixels
+            if image_major:
+                b, row = outer // rows, outer % rows
+            else:
+                row, b = outer // count, outer % count
+            c = row // taps
+            kh = (row - c * taps) // kernel_w
+            kw = row - c * taps - kh * kernel_w
+            oh = p // out_w
+            ih = oh * sh - ph + kh * dh
+            iw = (p - oh * out_w) * sw - pw + kw * dw
+            value = real(0)
+            if ih >= 0 and ih < height and iw >= 0 and iw < width:
+                value = x[first + b, c, ih, iw]
+            if image_major:
+                cols[b, row, p] = value
+            else:
+                cols[row, b, p] = value
+
+    @cuda.jit
+    def col2im(cols, dx, first, kernel_h, kernel_w, sh, sw, ph, pw, dh, dw, out_w):
+        """dx[first + b, c, ih, iw] = Σ cols[b, (c·KH + kh)·KW + kw, oh·OW + ow] over the taps
+        that read (ih, iw): a gather, one thread per input pixel."""
+        count, rows, pixels = cols.shape
+        channels, height, width = dx.shape[1], dx.shape[2], dx.shape[3]
+        taps = kernel_h * kernel_w
+        out_h = pixels // out_w
+        for i in range(cuda.grid(1), count * channels * height * width, cuda.gridsize(1)):
+            b, c, ih, iw = _unravel(i, channels, height, width)
+            acc = real(0)
+            for kh in range(kernel_h):
+                th = ih + ph - kh * dh
+                if th < 0 or th % sh:
+                    continue
+                oh = th // sh
+                if oh >= out_h:
+                    continue
+                for kw in range(kernel_w):
+                    tw = iw + pw - kw * dw
+                    if tw < 0 or tw % sw:
+                        continue
+                    ow = tw // sw
+                    if ow < out_w:
+                        acc += cols[b, c * taps + kh * kernel_w + kw, oh * out_w + ow]
+            dx[first + b, c, ih, iw] = acc
+
+    @cuda.jit
+    def channel_major(src, out, first):
+        """out[c, b, p] = src[first + b, c, p]."""
+        count, pixels = out.shape[1], out.shape[2]
+        for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            p = i % pixels
+            b = (i // pixels) % count
+            c = i // (pixels * count)
+            out[c, b, p] = src[first + b, c, p]
+
+    @cuda.jit
+    def accumulate(out, part):
+        for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            out[i] += part[i]
+
+    return im2col, col2im, channel_major, accumulate
+
+
+def conv_algorithm(g: Geometry) -> str:
+    """"gemm" (im2col + matrix product) or "direct" (a thread per result element) for a
+    convolution of geometry `g`, forward and both gradients alike (module docstring)."""
+    forced = os.environ.get("GRADCOMPILER_CUDA_CONV", "").lower()
+    if forced in ("direct", "gemm"):
+        return forced
+    if g.groups > 1 and g.c_per_group == 1:  # depthwise: a degenerate product per channel
+        return "direct"
+    return "gemm"
+
+
+class _Gemm:
+    """What the three GEMM launchers share: the geometry's sizes, its chunks of images, their
+    reused buffers (flat, so a shorter last chunk is a contiguous prefix) and the launch sizes
+    of the column kernels."""
+
+    def __init__(self, g: Geometry, dtype: np.dtype, config: LaunchConfig, *,
+                 extra_per_image: int = 0):
+        self.g, self.dtype, self.config = g, np.dtype(dtype), config
+        self.taps = g.kernel[0] * g.kernel[1]
+        self.pixels = g.out[0] * g.out[1]
+        self.rows = g.c * self.taps
+        self.depth = g.c_per_group * self.taps  # of one group's product
+        self.pointwise = g.kernel == (1, 1) and g.stride == (1, 1) and g.padding == (0, 0)
+        per_image = max(1, (self.rows * self.pixels + extra_per_image) * self.dtype.itemsize)
+        self.chunk = max(1, min(g.n, COLUMN_BYTES // per_image))
+        self.im2col, self.col2im, self.channel_major, self.accumulate = _column_kernels(self.dtype)
+        self.args = (*g.stride, *g.padding, *g.dilation, g.out[1])
+
+    def chunks(self) -> list[tuple[int, int]]:
+        """(first image, image count) of each chunk of the batch."""
+        return [(start, min(self.chunk, self.g.n - start)) for start in range(0, self.g.n, self.chunk)]
+
+    def counts(self) -> set[int]:
+        return {count for _, count in self.chunks()}
+
+    def buffer(self, per_image: int, count: int | None = None):
+        return cuda.device_array(max(1, per_image * (count or self.chunk)), self.dtype)
+
+    def grid(self, size: int) -> tuple[int, int]:
+        return self.config.grid(size), self.config.block
+
+    def group_tables(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch tables of `count` images × groups products reading the (G, ...) filter."""
+        groups = self.g.groups
+        return np.tile(np.arange(groups), count), np.arange(count * groups)
+
+
+def _prefix(buffer, shape: tuple[int, ...]):
+    return view(buffer[:math.prod(shape)], shape)
+
+
+class _GemmForward:
+    def __init__(self, g: Geometry, dtype: np.dtype, config: LaunchConfig):
+        self.c = c = _Gemm(g, dtype, config)
+        gr, og = g.groups, g.o_per_group
+        self.cols = None if c.pointwise else c.buffer(c.rows * c.pixels)
+        self.products = {count: library_linalg._BatchedProduct(
+            (gr, og, c.depth), (count * gr, c.depth, c.pixels), (count * gr, og, c.pixels),
+            *c.group_tables(count), False, False, dtype, config,
+            blas_shapes=((gr, og, c.depth), (count, gr, c.depth, c.pixels), (count, gr, og, c.pixels)))
+            for count in ({g.n} if c.pointwise else c.counts())}
+
+    def __call__(self, x: Any, w: Any, *, out: Any, stream: Any = 0) -> None:
+        if not out.size:
+            return
+        c = self.c
+        x, w = to_device(x, stream), to_device(w, stream)
+        if c.pointwise:
+            self.products[c.g.n](w, x, out=out, stream=stream)
+            return
+        for start, count in c.chunks():
+            cols = _prefix(self.cols, (count, c.rows, c.pixels))
+            c.im2col[c.grid(cols.size) + (stream,)](x, cols, start, True, c.g.kernel[1], *c.args)
+            self.products[count](w, cols, out=out[start:start + count], stream=stream)
+
+
+class _GemmBackwardData:
+    def __init__(self, g: Geometry, dtype: np.dtype, config: LaunchConfig):
+        self.c = c = _Gemm(g, dtype, config)
+        gr, og = g.groups, g.o_per_group
+        self.cols = None if c.pointwise else c.buffer(c.rows * c.pixels)
+        self.products = {count: library_linalg._BatchedProduct(
+            (gr, og, c.depth), (count * gr, og, c.pixels), (count * gr, c.depth, c.pixels),
+            *c.group_tables(count), True, False, dtype, config,
+            blas_shapes=((gr, og, c.depth), (count, gr, og, c.pixels), (count, gr, c.depth, c.pixels)))
+            for count in ({g.n} if c.pointwise else c.counts())}
+
+    def __call__(self, w: Any, dy: Any, *, out: Any, stream: Any = 0) -> None:
+        if not out.size:
+            return
+        c = self.c
+        w, dy = to_device(w, stream), to_device(dy, stream)
+        if c.pointwise:
+            self.products[c.g.n](w, dy, out=out, stream=stream)
+            return
+        for start, count in c.chunks():
+            cols = _prefix(self.cols, (count, c.rows, c.pixels))
+            self.products[count](w, dy[start:start + count], out=cols, stream=stream)
+            size = count * c.g.c * c.g.image[0] * c.g.image[1]
+            c.col2im[c.grid(size) + (stream,)](cols, out, start, *c.g.kernel, *c.args)
+
+
+class _GemmBackwardFilter:
+    def __init__(self, g: Geometry, dtype: np.dtype, config: LaunchConfig):
+        self.c = c = _Gemm(g, dtype, config, extra_per_image=g.o * g.out[0] * g.out[1])
+        gr, og = g.groups, g.o_per_group
+        self.cols = c.buffer(c.rows * c.pixels)
+        self.dy = c.buffer(g.o * c.pixels) if c.chunk > 1 else None  # one image: dy as it is
+        self.partial = c.buffer(g.o * c.depth, 1) if len(c.chunks()) > 1 else None
+        self.products = {}
+        for count in c.counts():
+            depth = count * c.pixels  # the chunk's images and pixels: one product per group
+            shapes = ((gr, og, depth), (gr, c.depth, depth), (gr, og, c.depth))
+            table = np.arange(gr)
+            self.products[count] = library_linalg._BatchedProduct(
+                *shapes, table, table, False, True, dtype, config, blas_shapes=shapes)
+
+    def __call__(self, x: Any, dy: Any, *, out: Any, stream: Any = 0) -> None:
+        if not out.size:
+            return
+        c, g = self.c, self.c.g
+        x, dy = to_device(x, stream), to_device(dy, stream)
+        dy3 = view(dy, (g.n, g.o, c.pixels))
+        for start, count in c.chunks():
+            cols = _prefix(self.cols, (c.rows, count, c.pixels))
+            c.im2col[c.grid(cols.size) + (stream,)](x, cols, start, False, g.kernel[1], *c.args)
+            if count == 1:
+                grads = dy3[start]
+            else:
+                grads = _prefix(self.dy, (g.o, count, c.pixels))
+                c.channel_major[c.grid(grads.size) + (stream,)](dy3, grads, start)
+            target = out if start == 0 else self.partial
+            self.products[count](grads, cols, out=target, stream=stream)
+            if start:
+                c.accumulate[c.grid(out.size) + (stream,)](view(out, (out.size,)), self.partial)
+
+
 @cuda_library_kernel.register(Convolution)
 @cuda_library_kernel.register(ConvolutionBackwardData)
 @cuda_library_kernel.register(ConvolutionBackwardFilter)
 def _convolution(op, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
     which = (Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter).index(type(op))
     out = op.infer(*input_types)
+    a, b = (t.shape for t in input_types)
+    g = op.geometry(*((a, b), (out.shape, a), (a, out.shape))[which])
+    if conv_algorithm(g) == "gemm":
+        return (_GemmForward, _GemmBackwardData, _GemmBackwardFilter)[which](g, np.dtype(out.dtype), config)
     kernel = _conv_kernels(np.dtype(out.dtype))[which]
     return _GridLauncher(kernel, (*op.stride, *op.padding, *op.dilation, op.groups), out.size, config)
 
