@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradcompiler.backends.numba_cpu import library
+from gradcompiler.backends.numba_cpu import library, library_linalg
 from gradcompiler.backends.numba_cpu.library import library_kernel, run_library_op
 from gradcompiler.errors import IndexOutOfRangeError
 from gradcompiler.ops.indexing import (
@@ -41,6 +41,8 @@ from gradcompiler.ops.vision import (
     WarpPerspectiveBackwardData,
     WarpPerspectiveBackwardMat,
 )
+
+from oracle import assert_close
 
 RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}
 
@@ -105,6 +107,66 @@ def test_batched_matrix_mul_broadcasts_batches(rng, flags):
     b = randn(rng, (5, 4, 6) if not flags[1] else (5, 6, 4), np.float64)
     got = assert_matches(BatchedMatrixMul(*flags), a, b)
     assert got.shape == (2, 5, 3, 6)
+
+
+@pytest.fixture
+def three_parts(monkeypatch):
+    """Split batched products into three spans whatever the size and the thread count; returns
+    the spans of each call that ran in spans."""
+    calls = []
+
+    def recording(work, spans):
+        calls.append(spans)
+        return library.in_spans(work, spans)
+
+    monkeypatch.setattr(library_linalg, "partition_count", lambda work: 3)
+    monkeypatch.setattr(library_linalg, "in_spans", recording)
+    return calls
+
+
+def _batched_reference(op, a, b):
+    """The op's reference in float64, cast to the operands' dtype."""
+    return op.reference(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("flags", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("batch", [(7,), (2, 4), (0,), (3, 0)])
+def test_batched_matrix_mul_in_spans(three_parts, rng, dtype, flags, batch):
+    """Spans of 3, 2 and 2 items (7), of folded batch dims (2, 4), and empty batches."""
+    op = BatchedMatrixMul(*flags)
+    a = randn(rng, (*batch, *((4, 3) if flags[0] else (3, 4))), dtype)
+    b = randn(rng, (*batch, *((5, 4) if flags[1] else (4, 5))), dtype)
+    got = run_library_op(op, a, b)
+    assert_close(got, _batched_reference(op, a, b), rtol=RTOL[np.dtype(dtype)])
+    assert three_parts == ([[(0, 2), (2, 4), (4, 7)]] if batch == (7,) else [[(0, 2), (2, 5), (5, 8)]]
+                           if batch == (2, 4) else [])
+
+
+@pytest.mark.parametrize("a_shape,b_shape,in_spans", [((6, 3, 4), (4, 5), True), ((2, 1, 3, 4), (3, 4, 5), False)])
+def test_batched_matrix_mul_in_spans_broadcasts(three_parts, rng, a_shape, b_shape, in_spans):
+    """A 2-D operand folds into the spans (stride 0); a (2, 1) against a (3,) batch cannot be
+    folded without a copy and takes the plain call."""
+    op = BatchedMatrixMul()
+    a, b = randn(rng, a_shape, np.float64), randn(rng, b_shape, np.float64)
+    assert_close(run_library_op(op, a, b), _batched_reference(op, a, b), rtol=RTOL[np.dtype(np.float64)])
+    assert bool(three_parts) == in_spans
+
+
+def test_batched_matrix_mul_in_spans_propagates_nan(three_parts, rng):
+    op = BatchedMatrixMul(False, True)
+    a, b = randn(rng, (5, 3, 4)), randn(rng, (5, 6, 4))
+    a[1, 2, 0] = np.nan
+    b[4, :, 3] = np.nan
+    got = run_library_op(op, a, b)
+    assert np.isnan(got[1, 2]).all() and np.isnan(got[4]).all()
+    assert_close(got, _batched_reference(op, a, b), rtol=RTOL[np.dtype(np.float32)])
+
+
+def test_batched_matrix_mul_in_spans_restores_blas_threads(three_parts, rng):
+    before = [lib.num_threads for lib in library.single_threaded_blas._blas()]
+    run_library_op(BatchedMatrixMul(), randn(rng, (4, 3, 4)), randn(rng, (4, 4, 5)))
+    assert [lib.num_threads for lib in library.single_threaded_blas._blas()] == before
 
 
 # -- regions -----------------------------------------------------------------------------------
