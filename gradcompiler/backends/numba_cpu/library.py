@@ -11,9 +11,10 @@ kernel in destination-passing style:
 preallocated C-contiguous array of the op's output type. For the ops that
 update a copy of their first input (SetSubtensor, IndexingSetOneHot,
 IndexingIncrMultiAxisVec, IndexingSetMultiAxisVec) `out` may be that very
-input (an in-place update planned by the memory pass); it must not alias
-any other input. The kernel is built once per op and keeps per-call Python
-work to a few attribute reads; the heavy loops are module-level
+input's memory (an in-place update planned by the memory pass, perhaps as
+another view: `copy_unless_in_place`); it must not alias any other input.
+The kernel is built once per op and keeps per-call Python work to a few
+attribute reads; the heavy loops are module-level
 `@njit(cache=True)` functions, so Numba's on-disk cache covers them.
 
 Index inputs are validated before any memory is touched: a bad index raises
@@ -174,6 +175,14 @@ def run_library_op(op: Op, *inputs: np.ndarray) -> np.ndarray:
     out = np.empty(out_type.shape, out_type.dtype)
     library_kernel(op)(*inputs, out=out)
     return out
+
+
+def copy_unless_in_place(data: np.ndarray, out: np.ndarray) -> None:
+    """Start an update of a copy of `data` in `out`: copy unless `out` is `data`'s memory (an
+    in-place update; the driver may hand the two as different views of one buffer). `out`
+    aliases `data` wholly or not at all, so a bounds overlap says which."""
+    if not np.may_share_memory(out, data):
+        np.copyto(out, data)
 
 
 def index_error(op: Op, value: int, axis: int, size: int,

@@ -44,7 +44,14 @@ from ...ops.indexing import (
     TensorItem,
     one_hot_range_message,
 )
-from .library import LibraryKernel, ParallelLoop, index_error, library_kernel, partition_count
+from .library import (
+    LibraryKernel,
+    ParallelLoop,
+    copy_unless_in_place,
+    index_error,
+    library_kernel,
+    partition_count,
+)
 
 # -- loops -------------------------------------------------------------------------------------
 
@@ -228,8 +235,7 @@ def _scatter_kernel(op, accumulate: bool) -> LibraryKernel:
 
     def scatter(data: np.ndarray, value: np.ndarray, *indices: np.ndarray, out: np.ndarray) -> None:
         plan, pos = region.positions(data.shape, indices)     # checks before any write
-        if out is not data:
-            np.copyto(out, data)
+        copy_unless_in_place(data, out)
         _scatter(value.size, out.reshape(-1), _flat(value), pos, plan.pre_offsets, plan.post_offsets,
                  plan.run, plan.run_stride, partition_count(value.size), accumulate)
 
@@ -307,8 +313,7 @@ def _indexing_set_one_hot(op: IndexingSetOneHot) -> LibraryKernel:
                     out: np.ndarray) -> None:
         cube, plane = _one_hot_views(data.shape, op.axis)
         index2 = _checked_one_hot_index(op, index, cube[1], plane)
-        if out is not data:
-            np.copyto(out, data)
+        copy_unless_in_place(data, out)
         _one_hot_scatter(index2.size, out.reshape(cube), index2, np.ascontiguousarray(sub).reshape(plane))
 
     return set_one_hot
