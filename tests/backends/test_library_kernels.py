@@ -205,6 +205,9 @@ ADVANCED_CASES = [
     ((TensorItem(0), TensorItem(2)), (4, 3, 5), [np.array([1, 2, 3]), np.array(-2, dtype=np.int32)]),
     ((TensorItem(1),), (3, 4, 2), [np.array([[3, 0], [1, 3]], dtype=np.int32)]),
     ((TensorItem(0), SliceItem(1, 5, -2, 3), TensorItem(2)), (3, 6, 4), [np.array([2, 0, 2]), np.array([1, 3, 1])]),
+    # rows of a table (the loops' own path), with a reversed, offset run and with no lookups
+    ((TensorItem(0), SliceItem(1, 3, -1, 3)), (5, 4), [np.array([[4, 0], [4, -1], [2, 4]])]),
+    ((TensorItem(0),), (6, 3), [np.array([], np.int64)]),
 ]
 
 
@@ -225,7 +228,7 @@ def test_gather(rng, items, shape, indices, dtype):
 @pytest.mark.parametrize("items,shape,indices", ADVANCED_CASES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_scatter_add_accumulates_repeats(rng, items, shape, indices, dtype):
-    """Every case has repeated positions; the result must equal np.add.at's."""
+    """Every case but the empty one has repeated positions; the result must equal np.add.at's."""
     data = randn(rng, shape, dtype)
     op = IndexingIncrMultiAxisVec(items)
     region = IndexingMultiAxisVec(items).reference(data, *indices)
@@ -394,6 +397,24 @@ def test_parallel_embedding_scatter(parallel_loops, rng):
     expected = np.zeros((40, 8), np.float32)
     np.add.at(expected, idx, g)
     np.testing.assert_array_equal(table, expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_parallel_table_rows_with_nan(parallel_loops, rng, dtype):
+    """The table-rows loops: a NaN table row gathers as NaN and a NaN value poisons only the
+    row it is added into, repeats and all; equal to the reference interpreter."""
+    items = (TensorItem(0),)
+    table = randn(rng, (30, 5), dtype)
+    table[7] = np.nan
+    idx = rng.integers(-30, 30, 400)
+    idx[:3] = (7, 7, -23)
+    value = randn(rng, (400, 5), dtype)
+    value[10, 2] = np.nan
+    gather, scatter = IndexingMultiAxisVec(items), IndexingIncrMultiAxisVec(items)
+    assert_close(run_library_op(gather, table, idx), gather.reference(table, idx), rtol=RTOL[np.dtype(dtype)])
+    got = run_library_op(scatter, table, value, idx)
+    assert_close(got, scatter.reference(table, value, idx), rtol=RTOL[np.dtype(dtype)])
+    assert np.isnan(got[idx[10] % 30, 2]) and np.isnan(got[7]).all()
 
 
 def test_parallel_one_hot(parallel_loops, rng):
