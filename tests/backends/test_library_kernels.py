@@ -15,6 +15,8 @@ partitions included).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -115,9 +117,9 @@ def three_parts(monkeypatch):
     the spans of each call that ran in spans."""
     calls = []
 
-    def recording(work, spans):
-        calls.append(spans)
-        return library.in_spans(work, spans)
+    def recording(work, spans, threads):
+        calls.append((spans, threads))
+        return library.in_spans(work, spans, threads)
 
     monkeypatch.setattr(library_linalg, "partition_count", lambda work: 3)
     monkeypatch.setattr(library_linalg, "in_spans", recording)
@@ -133,14 +135,15 @@ def _batched_reference(op, a, b):
 @pytest.mark.parametrize("flags", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("batch", [(7,), (2, 4), (0,), (3, 0)])
 def test_batched_matrix_mul_in_spans(three_parts, rng, dtype, flags, batch):
-    """Spans of 3, 2 and 2 items (7), of folded batch dims (2, 4), and empty batches."""
+    """Spans of single items taken by three threads (7), of folded batch dims (2, 4), and
+    empty batches (the plain call)."""
     op = BatchedMatrixMul(*flags)
     a = randn(rng, (*batch, *((4, 3) if flags[0] else (3, 4))), dtype)
     b = randn(rng, (*batch, *((5, 4) if flags[1] else (4, 5))), dtype)
     got = run_library_op(op, a, b)
     assert_close(got, _batched_reference(op, a, b), rtol=RTOL[np.dtype(dtype)])
-    assert three_parts == ([[(0, 2), (2, 4), (4, 7)]] if batch == (7,) else [[(0, 2), (2, 5), (5, 8)]]
-                           if batch == (2, 4) else [])
+    count = int(np.prod(batch))
+    assert three_parts == ([([(k, k + 1) for k in range(count)], 3)] if count else [])
 
 
 @pytest.mark.parametrize("a_shape,b_shape,in_spans", [((6, 3, 4), (4, 5), True), ((2, 1, 3, 4), (3, 4, 5), False)])
@@ -161,6 +164,36 @@ def test_batched_matrix_mul_in_spans_propagates_nan(three_parts, rng):
     got = run_library_op(op, a, b)
     assert np.isnan(got[1, 2]).all() and np.isnan(got[4]).all()
     assert_close(got, _batched_reference(op, a, b), rtol=RTOL[np.dtype(np.float32)])
+
+
+def test_in_spans_gives_each_span_to_one_thread_in_order():
+    seen = []
+
+    def work(part, first, stop):
+        seen.append((part, first))
+        return list(range(first, stop))
+
+    spans = library.split_spans(10, 7)
+    assert library.in_spans(work, spans, 3) == [list(range(a, b)) for a, b in spans]
+    assert sorted(first for _, first in seen) == [a for a, _ in spans] and {p for p, _ in seen} <= {0, 1, 2}
+
+
+def test_in_spans_raises_a_threads_error_after_every_thread_stopped():
+    active, done = set(), []
+
+    def work(part, first, stop):
+        active.add(first)
+        try:
+            if first == 2:
+                raise ValueError("span 2")
+            time.sleep(0.002)
+            done.append(first)
+        finally:
+            active.discard(first)
+
+    with pytest.raises(ValueError, match="span 2"):
+        library.in_spans(work, library.split_spans(40, 40), 2)
+    assert not active and len(done) < 39   # nothing still running; the rest were not taken
 
 
 def test_batched_matrix_mul_in_spans_restores_blas_threads(three_parts, rng):

@@ -22,9 +22,9 @@ Index inputs are validated before any memory is touched: a bad index raises
 does not bounds-check, so an unchecked index would be a segfault).
 
 Kernels that call BLAS on pieces of a batch (batched products, the
-convolutions) split the batch into one contiguous span per thread
-(`split_spans`) and run each span on a thread of its own with BLAS
-single-threaded (`in_spans`, `single_threaded_blas`). Threaded BLAS inside
+convolutions) split the batch into contiguous spans (`split_spans`), one
+per thread or a few, which the threads take as they come free, calling
+BLAS single-threaded (`in_spans`, `single_threaded_blas`). Threaded BLAS inside
 many short products is what made these slow: on a shared 2-core machine
 OpenBLAS's threads wait for each other inside every GEMM (a 32×288×65536
 filter gradient took 20× the CPU time of the one-thread call; a batch of
@@ -45,11 +45,12 @@ tests and the reference-style driver use it.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
 import types
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numba
@@ -140,19 +141,37 @@ def _forget_workers() -> None:
 os.register_at_fork(after_in_child=_forget_workers)
 
 
-def in_spans(work, spans: list[tuple[int, int]]) -> list:
-    """`work(part, first, stop)` for each span, the first on the calling thread and
-    the others on worker threads; the results in span order (a worker's exception is raised
-    here)."""
+def in_spans(work, spans: list[tuple[int, int]], threads: int | None = None) -> list:
+    """`work(part, first, stop)` for each span on `threads` threads (default: one per span),
+    BLAS single-threaded; the results in span order.
+
+    The calling thread and `threads - 1` workers each take the next span not yet taken until
+    none is left, so a thread the OS deschedules (a shared machine) holds up only the span it
+    has, not a fixed share of the batch. `part` (< threads) names the thread, for buffers of
+    its own. An exception stops the other threads taking spans and is raised here once every
+    thread has stopped (none is left writing into the caller's buffers)."""
     global _workers
+    threads = len(spans) if threads is None else max(1, min(threads, len(spans)))
+    results: list = [None] * len(spans)
+    taken = itertools.count()       # next() on it is atomic: each span goes to one thread
+    failed: list[BaseException] = []
+
+    def take(part: int) -> None:
+        try:
+            while not failed and (k := next(taken)) < len(spans):
+                results[k] = work(part, *spans[k])
+        except BaseException as error:
+            failed.append(error)
+
     with single_threaded_blas:
-        if len(spans) == 1:
-            return [work(0, *spans[0])]
-        if _workers is None:  # as many workers as Numba could ever be asked to use
-            _workers = ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS,
-                                          thread_name_prefix="gradcompiler-blas")
-        futures = [_workers.submit(work, part, *span) for part, span in enumerate(spans) if part]
-        return [work(0, *spans[0])] + [f.result() for f in futures]
+        if threads > 1 and _workers is None:  # as many workers as Numba could ever be asked to use
+            _workers = ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS, thread_name_prefix="gradcompiler-blas")
+        futures = [_workers.submit(take, part) for part in range(1, threads)]
+        take(0)
+        wait(futures)
+    if failed:
+        raise failed[0]
+    return results
 
 
 def split_spans(count: int, parts: int) -> list[tuple[int, int]]:
