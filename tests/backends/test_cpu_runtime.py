@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
+from gradcompiler.backends.numba_cpu.runtime import output_homes
 from gradcompiler.errors import BackendUnavailableError, FeedError, IndexOutOfRangeError, NonFiniteError
+
+from oracle import assert_close
 
 
 def bias_outputs():
@@ -217,3 +220,34 @@ def test_fastmath_option_sets_the_flags():
     assert "fastmath={'contract', 'reassoc'}" in default
     assert "'reassoc'" in fast and "'nnan'" not in fast and "'ninf'" not in fast
     assert gc.compile(y, fastmath=True)(x=np.arange(4.0)) == 14.0
+
+
+def _embedding_step(lookups: int, dtype: str):
+    """Σ tanh(table[idx])·r and its gradient wrt the table: a scatter-add into a zero fill."""
+    with gc.Graph("embedding"):
+        table = gc.param("table", (7, 3), dtype)
+        idx = gc.input("idx", (lookups,), "int64")
+        r = gc.input("r", (lookups, 3), dtype)
+        loss = (gc.tanh(table[idx]) * r).sum()
+    return [loss, *gc.grad(loss, [table])]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("lookups", [9, 0])
+def test_a_scatter_add_into_a_zero_fill_runs_in_the_output_array(rng, dtype, lookups):
+    """The fill shares the gradient's storage, so it is written into the caller's array and the
+    scatter-add updates it in place (no internal buffer, no copy): with repeated and negative
+    indices, a NaN row, no lookups at all, and an out= array holding garbage."""
+    outputs = _embedding_step(lookups, dtype)
+    step = gc.compile(outputs)
+    homes = output_homes(step.program)
+    assert homes and set(homes.values()) == {step.program.outputs[1]}
+    table = rng.standard_normal((7, 3)).astype(dtype)
+    table[4] = np.nan
+    feeds = dict(table=table, idx=np.array([4, 0, -3, 0, 6, 4, 1, -7, 0][:lookups], np.int64),
+                 r=rng.standard_normal((lookups, 3)).astype(dtype))
+    want = gc.evaluate(outputs, feeds)
+    rtol = {"float64": 1e-10, "float32": 1e-5}[dtype]
+    for got in (step(**feeds), step(**feeds, out=[np.empty((), dtype), np.full((7, 3), np.nan, dtype)])):
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert_close(g, w, rtol=rtol, label=f"output {k}")

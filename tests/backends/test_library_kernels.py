@@ -15,10 +15,12 @@ partitions included).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
-from gradcompiler.backends.numba_cpu import library
+from gradcompiler.backends.numba_cpu import library, library_linalg
 from gradcompiler.backends.numba_cpu.library import library_kernel, run_library_op
 from gradcompiler.errors import IndexOutOfRangeError
 from gradcompiler.ops.indexing import (
@@ -41,6 +43,8 @@ from gradcompiler.ops.vision import (
     WarpPerspectiveBackwardData,
     WarpPerspectiveBackwardMat,
 )
+
+from oracle import assert_close
 
 RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}
 
@@ -107,6 +111,97 @@ def test_batched_matrix_mul_broadcasts_batches(rng, flags):
     assert got.shape == (2, 5, 3, 6)
 
 
+@pytest.fixture
+def three_parts(monkeypatch):
+    """Split batched products into three spans whatever the size and the thread count; returns
+    the spans of each call that ran in spans."""
+    calls = []
+
+    def recording(work, spans, threads):
+        calls.append((spans, threads))
+        return library.in_spans(work, spans, threads)
+
+    monkeypatch.setattr(library_linalg, "partition_count", lambda work: 3)
+    monkeypatch.setattr(library_linalg, "in_spans", recording)
+    return calls
+
+
+def _batched_reference(op, a, b):
+    """The op's reference in float64, cast to the operands' dtype."""
+    return op.reference(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("flags", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("batch", [(7,), (2, 4), (0,), (3, 0)])
+def test_batched_matrix_mul_in_spans(three_parts, rng, dtype, flags, batch):
+    """Spans of single items taken by three threads (7), of folded batch dims (2, 4), and
+    empty batches (the plain call)."""
+    op = BatchedMatrixMul(*flags)
+    a = randn(rng, (*batch, *((4, 3) if flags[0] else (3, 4))), dtype)
+    b = randn(rng, (*batch, *((5, 4) if flags[1] else (4, 5))), dtype)
+    got = run_library_op(op, a, b)
+    assert_close(got, _batched_reference(op, a, b), rtol=RTOL[np.dtype(dtype)])
+    count = int(np.prod(batch))
+    assert three_parts == ([([(k, k + 1) for k in range(count)], 3)] if count else [])
+
+
+@pytest.mark.parametrize("a_shape,b_shape,in_spans", [((6, 3, 4), (4, 5), True), ((2, 1, 3, 4), (3, 4, 5), False)])
+def test_batched_matrix_mul_in_spans_broadcasts(three_parts, rng, a_shape, b_shape, in_spans):
+    """A 2-D operand folds into the spans (stride 0); a (2, 1) against a (3,) batch cannot be
+    folded without a copy and takes the plain call."""
+    op = BatchedMatrixMul()
+    a, b = randn(rng, a_shape, np.float64), randn(rng, b_shape, np.float64)
+    assert_close(run_library_op(op, a, b), _batched_reference(op, a, b), rtol=RTOL[np.dtype(np.float64)])
+    assert bool(three_parts) == in_spans
+
+
+def test_batched_matrix_mul_in_spans_propagates_nan(three_parts, rng):
+    op = BatchedMatrixMul(False, True)
+    a, b = randn(rng, (5, 3, 4)), randn(rng, (5, 6, 4))
+    a[1, 2, 0] = np.nan
+    b[4, :, 3] = np.nan
+    got = run_library_op(op, a, b)
+    assert np.isnan(got[1, 2]).all() and np.isnan(got[4]).all()
+    assert_close(got, _batched_reference(op, a, b), rtol=RTOL[np.dtype(np.float32)])
+
+
+def test_in_spans_gives_each_span_to_one_thread_in_order():
+    seen = []
+
+    def work(part, first, stop):
+        seen.append((part, first))
+        return list(range(first, stop))
+
+    spans = library.split_spans(10, 7)
+    assert library.in_spans(work, spans, 3) == [list(range(a, b)) for a, b in spans]
+    assert sorted(first for _, first in seen) == [a for a, _ in spans] and {p for p, _ in seen} <= {0, 1, 2}
+
+
+def test_in_spans_raises_a_threads_error_after_every_thread_stopped():
+    active, done = set(), []
+
+    def work(part, first, stop):
+        active.add(first)
+        try:
+            if first == 2:
+                raise ValueError("span 2")
+            time.sleep(0.002)
+            done.append(first)
+        finally:
+            active.discard(first)
+
+    with pytest.raises(ValueError, match="span 2"):
+        library.in_spans(work, library.split_spans(40, 40), 2)
+    assert not active and len(done) < 39   # nothing still running; the rest were not taken
+
+
+def test_batched_matrix_mul_in_spans_restores_blas_threads(three_parts, rng):
+    before = [lib.num_threads for lib in library.single_threaded_blas._blas()]
+    run_library_op(BatchedMatrixMul(), randn(rng, (4, 3, 4)), randn(rng, (4, 4, 5)))
+    assert [lib.num_threads for lib in library.single_threaded_blas._blas()] == before
+
+
 # -- regions -----------------------------------------------------------------------------------
 
 def test_concat(rng):
@@ -143,6 +238,9 @@ ADVANCED_CASES = [
     ((TensorItem(0), TensorItem(2)), (4, 3, 5), [np.array([1, 2, 3]), np.array(-2, dtype=np.int32)]),
     ((TensorItem(1),), (3, 4, 2), [np.array([[3, 0], [1, 3]], dtype=np.int32)]),
     ((TensorItem(0), SliceItem(1, 5, -2, 3), TensorItem(2)), (3, 6, 4), [np.array([2, 0, 2]), np.array([1, 3, 1])]),
+    # rows of a table (the loops' own path), with a reversed, offset run and with no lookups
+    ((TensorItem(0), SliceItem(1, 3, -1, 3)), (5, 4), [np.array([[4, 0], [4, -1], [2, 4]])]),
+    ((TensorItem(0),), (6, 3), [np.array([], np.int64)]),
 ]
 
 
@@ -163,7 +261,7 @@ def test_gather(rng, items, shape, indices, dtype):
 @pytest.mark.parametrize("items,shape,indices", ADVANCED_CASES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_scatter_add_accumulates_repeats(rng, items, shape, indices, dtype):
-    """Every case has repeated positions; the result must equal np.add.at's."""
+    """Every case but the empty one has repeated positions; the result must equal np.add.at's."""
     data = randn(rng, shape, dtype)
     op = IndexingIncrMultiAxisVec(items)
     region = IndexingMultiAxisVec(items).reference(data, *indices)
@@ -332,6 +430,24 @@ def test_parallel_embedding_scatter(parallel_loops, rng):
     expected = np.zeros((40, 8), np.float32)
     np.add.at(expected, idx, g)
     np.testing.assert_array_equal(table, expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_parallel_table_rows_with_nan(parallel_loops, rng, dtype):
+    """The table-rows loops: a NaN table row gathers as NaN and a NaN value poisons only the
+    row it is added into, repeats and all; equal to the reference interpreter."""
+    items = (TensorItem(0),)
+    table = randn(rng, (30, 5), dtype)
+    table[7] = np.nan
+    idx = rng.integers(-30, 30, 400)
+    idx[:3] = (7, 7, -23)
+    value = randn(rng, (400, 5), dtype)
+    value[10, 2] = np.nan
+    gather, scatter = IndexingMultiAxisVec(items), IndexingIncrMultiAxisVec(items)
+    assert_close(run_library_op(gather, table, idx), gather.reference(table, idx), rtol=RTOL[np.dtype(dtype)])
+    got = run_library_op(scatter, table, value, idx)
+    assert_close(got, scatter.reference(table, value, idx), rtol=RTOL[np.dtype(dtype)])
+    assert np.isnan(got[idx[10] % 30, 2]) and np.isnan(got[7]).all()
 
 
 def test_parallel_one_hot(parallel_loops, rng):

@@ -8,14 +8,10 @@ are a batch dimension of the product, so depthwise and grouped filters
 take the same path. The chunk is sized so the column buffer stays near
 `COLUMN_BYTES` (cache-friendly, and a fixed cost whatever the batch).
 
-The batch is split into one contiguous span of images per thread
-(`partition_count`), and each thread unfolds, multiplies and folds its own
-span with a column buffer of its own, calling BLAS single-threaded
-(`single_threaded_blas`). Threaded BLAS inside a short product is what made
-the first version slow: on a shared 2-core machine OpenBLAS's threads wait
-for each other inside every GEMM (a 32×288×65536 filter gradient took 20×
-the CPU time of the one-thread call), while threads that own whole images
-never wait for each other until the convolution ends.
+The batch is split into one contiguous span of images per thread, and
+each thread unfolds, multiplies and folds its own span with a column
+buffer of its own, calling BLAS single-threaded (`library.in_spans`; why:
+the `library` docstring).
 
 * 1×1 filters with stride 1 and no padding skip the unfolding: the image
   already is its column matrix.
@@ -43,86 +39,16 @@ its plane.
 
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
-import numba
 import numpy as np
 from numba import njit, prange
 
 from ...ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, Geometry
 from ...ops.pool import POOL_MODES, Pooling, PoolingBackward
-from .library import LibraryKernel, ParallelLoop, library_kernel, partition_count
+from .library import LibraryKernel, ParallelLoop, in_spans, library_kernel, partition_count, split_spans
 
 COLUMN_BYTES = 8 << 20
 _MAX, _AVERAGE, _EXCLUDE_PADDING = (POOL_MODES.index(m) for m in
                                     ("MAX", "AVERAGE", "AVERAGE_COUNT_EXCLUDE_PADDING"))
-
-
-# -- threads and BLAS -------------------------------------------------------------------------
-
-class _SingleThreadedBlas:
-    """A context in which numpy's BLAS runs on one thread (threadpoolctl), re-entrant across
-    threads: the first to enter saves the thread count, the last to leave restores it, so two
-    executables convolving at once cannot leave BLAS at one thread."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.depth = 0
-        self.saved = None
-        self.libraries = None
-
-    def _blas(self):
-        if self.libraries is None:
-            from threadpoolctl import ThreadpoolController
-
-            self.libraries = ThreadpoolController().select(user_api="blas").lib_controllers
-        return self.libraries
-
-    def __enter__(self):
-        with self.lock:
-            if self.depth == 0:
-                self.saved = [lib.num_threads for lib in self._blas()]
-                for lib in self.libraries:
-                    lib.set_num_threads(1)
-            self.depth += 1
-
-    def __exit__(self, *exc):
-        with self.lock:
-            self.depth -= 1
-            if self.depth == 0:
-                for lib, threads in zip(self.libraries, self.saved):
-                    lib.set_num_threads(threads)
-
-
-single_threaded_blas = _SingleThreadedBlas()
-_workers: ThreadPoolExecutor | None = None
-
-
-def _forget_workers() -> None:
-    """A forked child has none of the parent's threads: a pool inherited from it would queue
-    work that no thread ever takes, so the child starts a pool of its own."""
-    global _workers
-    _workers = None
-
-
-os.register_at_fork(after_in_child=_forget_workers)
-
-
-def _in_spans(work, spans: list[tuple[int, int]]) -> list:
-    """`work(part, first, stop)` for each span of images, the first on the calling thread and
-    the others on worker threads; the results in span order (a worker's exception is raised
-    here)."""
-    global _workers
-    with single_threaded_blas:
-        if len(spans) == 1:
-            return [work(0, *spans[0])]
-        if _workers is None:  # as many workers as Numba could ever be asked to use
-            _workers = ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS,
-                                          thread_name_prefix="gradcompiler-conv")
-        futures = [_workers.submit(work, part, *span) for part, span in enumerate(spans) if part]
-        return [work(0, *spans[0])] + [f.result() for f in futures]
 
 
 # -- convolution loops ------------------------------------------------------------------------
@@ -255,18 +181,16 @@ class _Columns:
         self.pixels = g.out[0] * g.out[1]
         self.rows = g.c * self.taps
         self.direct = g.kernel == (1, 1) and g.stride == (1, 1) and g.padding == (0, 0)
-        parts = max(1, min(g.n, partition_count(g.n * self.rows * self.pixels)))
-        bounds = [g.n * p // parts for p in range(parts + 1)]
-        self.spans = list(zip(bounds[:-1], bounds[1:]))
+        self.spans = split_spans(g.n, partition_count(g.n * self.rows * self.pixels))
         per_image = max(1, self.rows * self.pixels * dtype.itemsize)
-        self.chunk = max(1, min(-(-g.n // parts), COLUMN_BYTES // per_image))
+        self.chunk = max(1, min(-(-g.n // len(self.spans)), COLUMN_BYTES // per_image))
         self.buffers = [] if self.direct else [
             np.empty((self.chunk, self.rows, self.pixels), dtype) for _ in self.spans]
         self.args = (g.kernel[1], *g.stride, *g.padding, *g.dilation, g.out[1])
 
     def run(self, work) -> list:
         """`work(part, first, stop)` over the spans, each on a thread of its own."""
-        return _in_spans(work, self.spans)
+        return in_spans(work, self.spans)
 
     def chunks(self, part: int, first: int, stop: int):
         """(first image, buffer view) for each chunk of the span [first, stop)."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...ops.indexing import IndexItem, SetSubtensor, SliceItem, Subtensor
 from ...ops.shape import Concat
-from .library import LibraryKernel, library_kernel
+from .library import LibraryKernel, copy_unless_in_place, library_kernel
 
 
 def region_key(items: tuple[SliceItem | IndexItem, ...]) -> tuple:
@@ -51,8 +51,7 @@ def _set_subtensor(op: SetSubtensor) -> LibraryKernel:
     key = region_key(op.items)
 
     def set_subtensor(data: np.ndarray, value: np.ndarray, *, out: np.ndarray) -> None:
-        if out is not data:
-            np.copyto(out, data)
+        copy_unless_in_place(data, out)
         out[key] = value
 
     return set_subtensor

@@ -15,6 +15,10 @@ buffer (`o0, o1, ...`) besides the feeds. Per call that array is the
 caller's own (`out=`, when it is C-contiguous), else the array handed out
 by the previous call if the caller has let go of it (its reference count
 says so, so a loop of `step(**feeds)` allocates nothing), else a new one.
+A value the memory plan placed in an output's storage before the output
+(same dtype and size; `output_homes`) is written into that array too: the
+zero fill that a scatter-add then updates in place (the embedding's dense
+gradient) would otherwise sit in an internal buffer and be copied over.
 An output held in memory only through a feed, a constant or another
 output is copied instead, except a donated one (`Program.in_place`): it was
 written over its feed's buffer, and the caller's feed array is the result.
@@ -97,6 +101,18 @@ def output_roots(program: Program) -> list[int]:
     return [r for r in roots if program.buffers[r].role == "temp"]
 
 
+def output_homes(program: Program) -> dict[int, int]:
+    """Temp buffers written into an output root's array: those sharing its storage, dtype and size.
+
+    Buffers of one storage hold values whose lives do not overlap (or hand over in place),
+    and an output lives to the end, so each of them is dead before the output is written: in
+    the output's array it sits where the arena would have held it."""
+    home_of = {(spec.storage, np.dtype(spec.dtype), spec.size): r for r in output_roots(program)
+               if (spec := program.buffers[r]).storage is not None}
+    return {b: r for b, spec in enumerate(program.buffers) if spec.role == "temp" and spec.storage is not None
+            and (r := home_of.get((spec.storage, np.dtype(spec.dtype), spec.size), b)) != b}
+
+
 DRIVER_PART_STEPS = 256
 """Steps per part of the driver (`driver_source`)."""
 
@@ -115,6 +131,11 @@ def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool)
     feed_index = {b: k for k, b in enumerate(feeds)}
     feed_arg = {b: f"f{k}" for k, b in enumerate(feeds)}
     out_arg = {b: f"o{k}" for k, b in enumerate(output_roots(program))}
+    homes = output_homes(program)
+
+    def home(b: int) -> int:
+        root = _root(program, b)
+        return homes.get(root, root)
     top = ["def make(K, L, B, V, S, check):"]
     body = ["    def step(" + ", ".join([feed_arg[b] for b in feeds] + list(out_arg.values())) + "):"]
     body += [f"        g{k} = f{k}.reshape(-1)" for k in range(len(feeds))]
@@ -122,7 +143,7 @@ def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool)
     passed: dict[str, None] = {}  # the step's arrays the current part names, in order
 
     def flat(b: int) -> str:
-        root = _root(program, b)
+        root = home(b)
         name = out_arg.get(root) or (f"g{feed_index[root]}" if root in feed_arg else None)
         if name is None:
             return f"b{root}"
@@ -130,7 +151,7 @@ def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool)
         return name
 
     def shaped(b: int) -> str:
-        root = _root(program, b)
+        root = home(b)
         spec = program.buffers[b]
         if root not in feed_arg and root not in out_arg:
             return f"x{b}"
@@ -156,7 +177,7 @@ def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool)
                         scratch_at += 1
                     else:
                         args.append(flat(b))
-                        used_flat.add(_root(program, b))
+                        used_flat.add(home(b))
                 for _ in bound.scratch:
                     args.append(f"s{scratch_at}")
                     binds.append(f"    s{scratch_at} = S[{scratch_at}]")
@@ -168,15 +189,14 @@ def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool)
                 assert isinstance(step, LibraryStep)
                 names = [shaped(b) for b in step.inputs] + [f"out={shaped(step.output)}"]
                 used_shaped.update(b for b in (*step.inputs, step.output)
-                                   if _root(program, b) not in feed_arg
-                                   and _root(program, b) not in out_arg)
+                                   if home(b) not in feed_arg and home(b) not in out_arg)
                 binds.append(f"    l{s} = L[{s}]")
                 calls.append(f"        l{s}({', '.join(names)})")
                 outputs = (step.output,)
             if debug:
                 for b in outputs:
                     calls.append(f"        check({flat(b)}, {s})")
-                    used_flat.add(_root(program, b))
+                    used_flat.add(home(b))
         binds += [f"    b{b} = B[{b}]" for b in sorted(used_flat)
                   if b not in feed_arg and b not in out_arg]
         binds += [f"    x{b} = V[{b}]" for b in sorted(used_shaped)]
