@@ -15,21 +15,20 @@ graphs through CuPy.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 import gradcompiler as gc
 from gradcompiler.backends.numba_cuda import require_cuda, simulator_active
 
+from cuda_support import on_gpu_check
 from oracle import assert_close
 
 cuda = require_cuda()
 from gradcompiler.backends.numba_cuda import cuda_graphs, executable  # noqa: E402
 from gradcompiler.backends.numba_cuda.launch import PreboundKernel, bound_overload  # noqa: E402
 
-ON_DEVICE = not simulator_active(cuda) and os.environ.get("GRADCOMPILER_GPU_CHECK") == "1"
+ON_DEVICE = on_gpu_check(cuda)
 
 
 # -- pre-bound launches -----------------------------------------------------------------------

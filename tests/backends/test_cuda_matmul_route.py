@@ -11,14 +11,13 @@ cuBLAS route the same way.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 import gradcompiler as gc
 from gradcompiler.backends.numba_cuda import require_cuda, simulator_active
 
+from cuda_support import host_matmul_route, on_gpu_check
 from oracle import assert_close
 
 cuda = require_cuda()
@@ -43,19 +42,9 @@ def _products(rng):
     return [*outs, *grads], feeds
 
 
-def _host_route(calls):
-    def route(a, b, out, transpose_a, transpose_b, stream=0):
-        calls.append((tuple(a.shape), tuple(b.shape), tuple(out.shape), transpose_a, transpose_b))
-        left, right = a.copy_to_host(), b.copy_to_host()
-        left = left.swapaxes(-1, -2) if transpose_a else left
-        right = right.swapaxes(-1, -2) if transpose_b else right
-        out.copy_to_device(np.ascontiguousarray(np.matmul(left, right), dtype=out.dtype))
-    return route
-
-
 def test_products_through_a_blas_route_equal_the_reference(monkeypatch):
     calls = []
-    monkeypatch.setattr(library_linalg, "matmul_route", lambda: _host_route(calls))
+    monkeypatch.setattr(library_linalg, "matmul_route", lambda: host_matmul_route(calls))
     outputs, feeds = _products(np.random.default_rng(8))
     step = gc.compile(outputs, target="cuda")
     for got, want in zip(step(to_host=True, **feeds), gc.evaluate(outputs, feeds)):
@@ -77,7 +66,7 @@ def test_the_tiled_kernel_runs_where_no_cublas_can(monkeypatch):
         cublas.matmul_route.cache_clear()
 
 
-@pytest.mark.skipif(simulator_active(cuda) or os.environ.get("GRADCOMPILER_GPU_CHECK") != "1",
+@pytest.mark.skipif(not on_gpu_check(cuda),
                     reason="the real cuBLAS route needs a GPU and CuPy: make gpu-check runs it")
 def test_products_through_cublas_equal_the_reference():
     assert cublas.matmul_route() is not None, "make gpu-check needs CuPy (the cuda extra)"

@@ -6,19 +6,13 @@ round several times.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from gradcompiler.backends.numba_cuda import require_cuda, simulator_active
-
+from cuda_support import cuda_for_tests
 from oracle import assert_close
 
-cuda = require_cuda()
-if not simulator_active(cuda) and os.environ.get("GRADCOMPILER_GPU_CHECK") != "1":
-    raise RuntimeError("the CUDA tests run on Numba's simulator: set NUMBA_ENABLE_CUDASIM=1 before "
-                       "numba.cuda is imported (make test does), or run them on a GPU")
+cuda = cuda_for_tests()
 
 from gradcompiler.backends.numba_cuda.device import LaunchConfig  # noqa: E402
 from gradcompiler.backends.numba_cuda.library import run_library_op  # noqa: E402

@@ -21,12 +21,10 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
-from gradcompiler.backends.numba_cuda import require_cuda, simulator_active
 
-cuda = require_cuda()  # no GPU and no simulator: BackendUnavailableError, loudly
-if not simulator_active(cuda) and os.environ.get("GRADCOMPILER_GPU_CHECK") != "1":
-    raise RuntimeError("the CUDA tests run on Numba's simulator: set NUMBA_ENABLE_CUDASIM=1 before "
-                       "numba.cuda is imported (make test does), or run them on a GPU with make gpu-check")
+from cuda_support import cuda_for_tests
+
+cuda = cuda_for_tests()
 
 from gradcompiler.backends.numba_cuda.device import is_device_array  # noqa: E402
 from gradcompiler.bench import workloads  # noqa: E402

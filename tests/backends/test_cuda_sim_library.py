@@ -10,20 +10,15 @@ simulator runs every GPU thread as a Python thread.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from gradcompiler.backends.numba_cuda import require_cuda, simulator_active
 from gradcompiler.errors import DTypeError, IndexOutOfRangeError
 
 import oracle
+from cuda_support import cuda_for_tests
 
-cuda = require_cuda()  # no GPU and no simulator: BackendUnavailableError, loudly
-if not simulator_active(cuda) and os.environ.get("GRADCOMPILER_GPU_CHECK") != "1":
-    raise RuntimeError("the CUDA tests run on Numba's simulator: set NUMBA_ENABLE_CUDASIM=1 before "
-                       "numba.cuda is imported (make test does), or run them on a GPU with make gpu-check")
+cuda = cuda_for_tests()
 
 from gradcompiler.backends.numba_cuda.device import LaunchConfig, default_config, is_device_array, to_device  # noqa: E402
 from gradcompiler.backends.numba_cuda.library import cuda_library_kernel, run_library_op  # noqa: E402
