@@ -12,19 +12,13 @@ agrees to 1e-10, float32 to 1e-5.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from gradcompiler.backends.numba_cuda import require_cuda, simulator_active
-
+from cuda_support import cuda_for_tests, host_matmul_route, on_gpu_check
 from oracle import assert_close
 
-cuda = require_cuda()
-if not simulator_active(cuda) and os.environ.get("GRADCOMPILER_GPU_CHECK") != "1":
-    raise RuntimeError("the CUDA tests run on Numba's simulator: set NUMBA_ENABLE_CUDASIM=1 before "
-                       "numba.cuda is imported (make test does), or run them on a GPU")
+cuda = cuda_for_tests()
 
 from gradcompiler.backends.numba_cuda import cublas, library_conv, library_linalg  # noqa: E402
 from gradcompiler.backends.numba_cuda.device import LaunchConfig  # noqa: E402
@@ -53,17 +47,6 @@ CASES = {  # x shape, w shape, stride, padding, dilation, groups
 }
 
 
-def _host_route(calls):
-    """numpy on host copies in place of cuBLAS, recording each call's shapes and flags."""
-    def route(a, b, out, transpose_a, transpose_b, stream=0):
-        calls.append((tuple(a.shape), tuple(b.shape), tuple(out.shape), transpose_a, transpose_b))
-        left, right = a.copy_to_host(), b.copy_to_host()
-        left = left.swapaxes(-1, -2) if transpose_a else left
-        right = right.swapaxes(-1, -2) if transpose_b else right
-        out.copy_to_device(np.ascontiguousarray(np.matmul(left, right), dtype=out.dtype))
-    return route
-
-
 @pytest.fixture(params=["tiled", "blas", "direct", "cublas"])
 def route(request, monkeypatch):
     """The route's name and the products it sent to the BLAS stand-in (blas only)."""
@@ -71,10 +54,10 @@ def route(request, monkeypatch):
     if request.param == "tiled":
         monkeypatch.setattr(library_linalg, "matmul_route", lambda: None)
     elif request.param == "blas":
-        monkeypatch.setattr(library_linalg, "matmul_route", lambda: _host_route(calls))
+        monkeypatch.setattr(library_linalg, "matmul_route", lambda: host_matmul_route(calls))
     elif request.param == "direct":
         monkeypatch.setenv("GRADCOMPILER_CUDA_CONV", "direct")
-    elif simulator_active(cuda) or os.environ.get("GRADCOMPILER_GPU_CHECK") != "1":
+    elif not on_gpu_check(cuda):
         pytest.skip("the real cuBLAS route needs a GPU and CuPy: make gpu-check runs it")
     else:
         assert cublas.matmul_route() is not None, "make gpu-check needs CuPy (the cuda extra)"
@@ -118,12 +101,29 @@ def test_convolution_routes_equal_the_reference(case, dtype, route, rng):
         assert len(calls) == (3 if gemm else 0)  # one image chunk: one product per op
 
 
+@pytest.mark.parametrize("case", ["padding1", "depthwise"])
+def test_padding_taps_multiply_zero_by_an_infinite_filter_or_gradient(case, route, rng):
+    """The reference pads the image with zeros, so a padding tap under an infinite filter
+    entry (forward) or gradient (filter gradient) is 0·inf = NaN: every route multiplies it
+    rather than skipping it (the first direct kernels skipped it and gave 0)."""
+    if route[0] == "tiled" and case == "padding1":
+        pytest.skip("the tiled products are slow on the simulator; blas and direct cover the sites")
+    forward, _, filt, x_shape, w_shape, y_shape = conv_ops(case, np.float32)
+    x, w = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32)
+    dy = rng.standard_normal(y_shape).astype(np.float32)
+    w[0, 0, 0, 0] = np.inf
+    dy[0, 0, 0, 0] = -np.inf
+    assert np.isnan(forward.reference(x, w)).any() and np.isnan(filt.reference(x, dy)).any()
+    run(forward, x, w)
+    run(filt, x, dy)
+
+
 def test_the_products_a_blas_route_is_given(monkeypatch):
     """groups2: the groups are a batch dimension of each product, broadcast against the
     images for the forward and the data gradient; the filter gradient sums the images and
     pixels as the depth of one product per group."""
     calls = []
-    monkeypatch.setattr(library_linalg, "matmul_route", lambda: _host_route(calls))
+    monkeypatch.setattr(library_linalg, "matmul_route", lambda: host_matmul_route(calls))
     forward, data, filt, x_shape, w_shape, y_shape = conv_ops("groups2", np.float64)
     rng = np.random.default_rng(3)
     x, w, dy = (rng.standard_normal(s) for s in (x_shape, w_shape, y_shape))
@@ -144,7 +144,7 @@ def test_convolution_in_chunks_of_two_and_a_remainder(case, blas, rng, monkeypat
     is. The chunking is the same whichever route multiplies, so the tiled kernel (slow on the
     simulator) runs the cheapest case only."""
     if blas:
-        monkeypatch.setattr(library_linalg, "matmul_route", lambda: _host_route([]))
+        monkeypatch.setattr(library_linalg, "matmul_route", lambda: host_matmul_route([]))
     dtype = np.float64
     forward, data, filt, x_shape, w_shape, y_shape = conv_ops(case, dtype)
     x_shape, y_shape = (3, *x_shape[1:]), (3, *y_shape[1:])
@@ -183,7 +183,7 @@ def test_depthwise_convolution_forced_onto_the_product(dtype, rng, monkeypatch):
     """GRADCOMPILER_CUDA_CONV=gemm (for measuring): depthwise as a batch of one-channel
     products, through the BLAS stand-in."""
     monkeypatch.setenv("GRADCOMPILER_CUDA_CONV", "gemm")
-    monkeypatch.setattr(library_linalg, "matmul_route", lambda: _host_route([]))
+    monkeypatch.setattr(library_linalg, "matmul_route", lambda: host_matmul_route([]))
     forward, data, filt, x_shape, w_shape, y_shape = conv_ops("depthwise", dtype)
     x, w = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(w_shape).astype(dtype)
     dy = rng.standard_normal(y_shape).astype(dtype)

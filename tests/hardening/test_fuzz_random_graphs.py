@@ -35,6 +35,7 @@ import gradcompiler as gc
 from gradcompiler.gradcheck import as_float64
 from gradcompiler.ops import all_op_classes
 from gradcompiler.ops.elemwise import MODES
+from gradcompiler.ops.source import Placeholder
 from gradcompiler.reference import run_graph
 
 from graph_strategies import DRAWN_MODES, RECIPES, fuzz_cases
@@ -168,25 +169,47 @@ def test_each_recipe_against_finite_differences(recipe):
 
 
 def float64_distance(graph, outputs, feeds, expected) -> list[float | None]:
-    """For each float32 output, ROUNDING × the largest |its reference value − a float64 run of
-    the same graph| over its finite elements: how much float32 rounding the graph amplifies
+    """For each float32 output, ROUNDING × the largest distance from a float64 run of the same
+    graph of either the float32 reference or a float64 run with a float32 rounding's worth of
+    noise added to every value (`noisy_run`): how much float32 rounding the graph amplifies
     in it. One figure per output, not per element: every element goes through the same
     arithmetic, and where it cancels (a·b + c·d of terms far larger than the result) another
     order of the same operations lands as far from the exact value as the reference's worst
-    element does, even where the reference happened to land on it. None for the other
-    outputs."""
+    element does, even where the reference happened to land on it. The noisy run covers the
+    cancellations the reference computes exactly (it sums in float64): the gradient of a
+    softmax's sum is s·(1 − Σs), zero for the reference, the rounding of Σs elsewhere.
+    None for the other outputs."""
     wide, mapping = as_float64(graph)
     wide_feeds = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in feeds.items()}
-    exact = run_graph(wide, [mapping[t.id] for t in outputs], wide_feeds)
+    wide_outputs = [mapping[t.id] for t in outputs]
+    exact = run_graph(wide, wide_outputs, wide_feeds)
+    noisy = noisy_run(wide, wide_outputs, wide_feeds, np.random.default_rng(zlib.crc32(repr(feeds).encode())))
     distances = []
-    for want, wide_want in zip(expected, exact):
+    for want, wide_want, noisy_want in zip(expected, exact, noisy):
         if want.dtype != np.float32:
             distances.append(None)
             continue
         with np.errstate(invalid="ignore"):
-            distance = np.abs(want - wide_want)
+            distance = np.fmax(np.abs(want - wide_want), np.abs(noisy_want - wide_want))
         distances.append(ROUNDING * float(np.where(np.isfinite(distance), distance, 0.0).max(initial=0.0)))
     return distances
+
+
+def noisy_run(graph, outputs, feeds, rng) -> list[np.ndarray]:
+    """`run_graph` of a float64 graph in which every floating value computed takes a random
+    relative error of up to FLOAT32_EPS / 2, as a float32 rounding would give it."""
+    needed = graph.ancestors(outputs)
+    values: dict[int, np.ndarray] = {}
+    for node_id in graph.topo_order(needed):
+        node = graph[node_id]
+        if isinstance(node.op, Placeholder):
+            values[node_id] = np.asarray(feeds[node.op.feed_name])
+            continue
+        value = np.asarray(node.op.reference(*(values[i] for i in node.inputs)))
+        if value.dtype.kind == "f":
+            value = value * (1 + rng.uniform(-FLOAT32_EPS / 2, FLOAT32_EPS / 2, value.shape))
+        values[node_id] = value
+    return [values[o] for o in outputs]
 
 
 def assert_matches_reference(case, outputs, feeds, got) -> None:

@@ -88,6 +88,26 @@ def _unravel(i, d1, d2, d3):
     return i // (d3 * d2 * d1), (i // (d3 * d2)) % d1, (i // d3) % d2, i % d3
 
 
+@cuda.jit(device=True)
+def _reader(i, pad, k, dilation, stride, count):
+    """Along one axis: the output position whose tap `k` reads input position `i`, or -1 when
+    none does (off the stride grid, or outside the `count` outputs)."""
+    t = i + pad - k * dilation
+    if t < 0 or t % stride:
+        return -1
+    o = t // stride
+    return o if o < count else -1
+
+
+@cuda.jit(device=True)
+def _padded(x, n, c, ih, iw, zero):
+    """x[n, c, ih, iw], or `zero` in the padding. A padding tap is multiplied, not skipped:
+    0·inf is NaN in the reference's zero-padded image, and so here."""
+    if ih >= 0 and ih < x.shape[2] and iw >= 0 and iw < x.shape[3]:
+        return x[n, c, ih, iw]
+    return zero
+
+
 @functools.cache
 def _conv_kernels(dtype: np.dtype):
     real = from_dtype(dtype)
@@ -96,7 +116,6 @@ def _conv_kernels(dtype: np.dtype):
     def forward(x, w, y, sh, sw, ph, pw, dh, dw, groups):
         _, o_, oh_, ow_ = y.shape
         c_group, kh_, kw_ = w.shape[1], w.shape[2], w.shape[3]
-        height, width = x.shape[2], x.shape[3]
         o_group = o_ // groups
         start = cuda.grid(1)
         for i in range(start, y.size, cuda.gridsize(1)):
@@ -106,12 +125,9 @@ def _conv_kernels(dtype: np.dtype):
             for ci in range(c_group):
                 for kh in range(kh_):
                     ih = oh * sh - ph + kh * dh
-                    if ih < 0 or ih >= height:
-                        continue
                     for kw in range(kw_):
                         iw = ow * sw - pw + kw * dw
-                        if iw >= 0 and iw < width:
-                            acc += x[n, c0 + ci, ih, iw] * w[o, ci, kh, kw]
+                        acc += _padded(x, n, c0 + ci, ih, iw, real(0)) * w[o, ci, kh, kw]
             y[n, o, oh, ow] = acc
 
     @cuda.jit
@@ -126,18 +142,12 @@ def _conv_kernels(dtype: np.dtype):
             group, ci = c // c_group, c % c_group
             acc = real(0)
             for kh in range(kh_):
-                th = ih + ph - kh * dh
-                if th < 0 or th % sh:
-                    continue
-                oh = th // sh
-                if oh >= oh_:
+                oh = _reader(ih, ph, kh, dh, sh, oh_)
+                if oh < 0:
                     continue
                 for kw in range(kw_):
-                    tw = iw + pw - kw * dw
-                    if tw < 0 or tw % sw:
-                        continue
-                    ow = tw // sw
-                    if ow >= ow_:
+                    ow = _reader(iw, pw, kw, dw, sw, ow_)
+                    if ow < 0:
                         continue
                     for o in range(group * o_group, (group + 1) * o_group):
                         acc += dy[n, o, oh, ow] * w[o, ci, kh, kw]
@@ -147,7 +157,6 @@ def _conv_kernels(dtype: np.dtype):
     def backward_filter(x, dy, dw_out, sh, sw, ph, pw, dh, dw, groups):
         o_, c_group, kh_, kw_ = dw_out.shape
         n_, oh_, ow_ = dy.shape[0], dy.shape[2], dy.shape[3]
-        height, width = x.shape[2], x.shape[3]
         o_group = o_ // groups
         start = cuda.grid(1)
         for i in range(start, dw_out.size, cuda.gridsize(1)):
@@ -157,12 +166,9 @@ def _conv_kernels(dtype: np.dtype):
             for n in range(n_):
                 for oh in range(oh_):
                     ih = oh * sh - ph + kh * dh
-                    if ih < 0 or ih >= height:
-                        continue
                     for ow in range(ow_):
                         iw = ow * sw - pw + kw * dw
-                        if iw >= 0 and iw < width:
-                            acc += dy[n, o, oh, ow] * x[n, c, ih, iw]
+                        acc += dy[n, o, oh, ow] * _padded(x, n, c, ih, iw, real(0))
             dw_out[o, ci, kh, kw] = acc
 
     return forward, backward_data, backward_filter
@@ -200,7 +206,6 @@ def _column_kernels(dtype: np.dtype):
         count = cols.shape[0] if image_major else cols.shape[1]
         pixels = cols.shape[2]
         taps = rows // x.shape[1]
-        height, width = x.shape[2], x.shape[3]
         for i in range(cuda.grid(1), cols.size, cuda.gridsize(1)):
             p = i % pixels
             outer = i // pixels
@@ -214,9 +219,7 @@ def _column_kernels(dtype: np.dtype):
             oh = p // out_w
             ih = oh * sh - ph + kh * dh
             iw = (p - oh * out_w) * sw - pw + kw * dw
-            value = real(0)
-            if ih >= 0 and ih < height and iw >= 0 and iw < width:
-                value = x[first + b, c, ih, iw]
+            value = _padded(x, first + b, c, ih, iw, real(0))
             if image_major:
                 cols[b, row, p] = value
             else:
@@ -234,18 +237,12 @@ def _column_kernels(dtype: np.dtype):
             b, c, ih, iw = _unravel(i, channels, height, width)
             acc = real(0)
             for kh in range(kernel_h):
-                th = ih + ph - kh * dh
-                if th < 0 or th % sh:
-                    continue
-                oh = th // sh
-                if oh >= out_h:
+                oh = _reader(ih, ph, kh, dh, sh, out_h)
+                if oh < 0:
                     continue
                 for kw in range(kernel_w):
-                    tw = iw + pw - kw * dw
-                    if tw < 0 or tw % sw:
-                        continue
-                    ow = tw // sw
-                    if ow < out_w:
+                    ow = _reader(iw, pw, kw, dw, sw, out_w)
+                    if ow >= 0:
                         acc += cols[b, c * taps + kh * kernel_w + kw, oh * out_w + ow]
             dx[first + b, c, ih, iw] = acc
 
