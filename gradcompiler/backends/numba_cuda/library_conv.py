@@ -316,16 +316,26 @@ def _prefix(buffer, shape: tuple[int, ...]):
     return view(buffer[:math.prod(shape)], shape)
 
 
-class _GemmForward:
-    def __init__(self, g: Geometry, dtype: np.dtype, config: LaunchConfig):
+class _GemmImages:
+    """What the forward and the data gradient share: a product per chunk of images of the
+    grouped filters (transposed for the data gradient) and each image's columns or dy,
+    groups a batch dimension broadcast against the images."""
+
+    def __init__(self, g: Geometry, dtype: np.dtype, config: LaunchConfig, transpose_filters: bool):
         self.c = c = _Gemm(g, dtype, config)
         gr, og = g.groups, g.o_per_group
         self.cols = None if c.pointwise else c.buffer(c.rows * c.pixels)
+        rows_in, rows_out = (og, c.depth) if transpose_filters else (c.depth, og)
         self.products = {count: library_linalg._BatchedProduct(
-            (gr, og, c.depth), (count * gr, c.depth, c.pixels), (count * gr, og, c.pixels),
-            *c.group_tables(count), False, False, dtype, config,
-            blas_shapes=((gr, og, c.depth), (count, gr, c.depth, c.pixels), (count, gr, og, c.pixels)))
+            (gr, og, c.depth), (count * gr, rows_in, c.pixels), (count * gr, rows_out, c.pixels),
+            *c.group_tables(count), transpose_filters, False, dtype, config,
+            blas_shapes=((gr, og, c.depth), (count, gr, rows_in, c.pixels), (count, gr, rows_out, c.pixels)))
             for count in ({g.n} if c.pointwise else c.counts())}
+
+
+class _GemmForward(_GemmImages):
+    def __init__(self, g: Geometry, dtype: np.dtype, config: LaunchConfig):
+        super().__init__(g, dtype, config, transpose_filters=False)
 
     def __call__(self, x: Any, w: Any, *, out: Any, stream: Any = 0) -> None:
         if not out.size:
@@ -341,16 +351,9 @@ class _GemmForward:
             self.products[count](w, cols, out=out[start:start + count], stream=stream)
 
 
-class _GemmBackwardData:
+class _GemmBackwardData(_GemmImages):
     def __init__(self, g: Geometry, dtype: np.dtype, config: LaunchConfig):
-        self.c = c = _Gemm(g, dtype, config)
-        gr, og = g.groups, g.o_per_group
-        self.cols = None if c.pointwise else c.buffer(c.rows * c.pixels)
-        self.products = {count: library_linalg._BatchedProduct(
-            (gr, og, c.depth), (count * gr, og, c.pixels), (count * gr, c.depth, c.pixels),
-            *c.group_tables(count), True, False, dtype, config,
-            blas_shapes=((gr, og, c.depth), (count, gr, og, c.pixels), (count, gr, c.depth, c.pixels)))
-            for count in ({g.n} if c.pointwise else c.counts())}
+        super().__init__(g, dtype, config, transpose_filters=True)
 
     def __call__(self, w: Any, dy: Any, *, out: Any, stream: Any = 0) -> None:
         if not out.size:
