@@ -169,35 +169,41 @@ def test_each_recipe_against_finite_differences(recipe):
 
 
 def float64_distance(graph, outputs, feeds, expected) -> list[float | None]:
-    """For each float32 output, ROUNDING × the largest distance from a float64 run of the same
-    graph of either the float32 reference or a float64 run with a float32 rounding's worth of
-    noise added to every value (`noisy_run`): how much float32 rounding the graph amplifies
-    in it. One figure per output, not per element: every element goes through the same
-    arithmetic, and where it cancels (a·b + c·d of terms far larger than the result) another
-    order of the same operations lands as far from the exact value as the reference's worst
-    element does, even where the reference happened to land on it. The noisy run covers the
-    cancellations the reference computes exactly (it sums in float64): the gradient of a
-    softmax's sum is s·(1 − Σs), zero for the reference, the rounding of Σs elsewhere.
+    """For each float output, ROUNDING × the largest distance from a float64 run of the same
+    graph of the float32 reference (float32 outputs) or of a float64 run with a rounding's
+    worth of noise added to every value in its own dtype (`noisy_run`): how much rounding the
+    graph amplifies in it. One figure per output, not per element: every element goes through
+    the same arithmetic, and where it cancels (a·b + c·d of terms far larger than the result)
+    another order of the same operations lands as far from the exact value as the reference's
+    worst element does, even where the reference happened to land on it. The noisy run covers
+    the cancellations the reference computes exactly (it sums in float64): the gradient of a
+    softmax's sum is s·(1 − Σs), zero for the reference, the rounding of Σs in another order.
     None for the other outputs."""
     wide, mapping = as_float64(graph)
     wide_feeds = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in feeds.items()}
     wide_outputs = [mapping[t.id] for t in outputs]
     exact = run_graph(wide, wide_outputs, wide_feeds)
-    noisy = noisy_run(wide, wide_outputs, wide_feeds, np.random.default_rng(zlib.crc32(repr(feeds).encode())))
+    half_ulp = {mapping[i]: float(np.finfo(node.type.dtype).eps) / 2
+                for i, node in graph.nodes.items() if node.type.dtype.kind == "f"}
+    noisy = noisy_run(wide, wide_outputs, wide_feeds, half_ulp,
+                      np.random.default_rng(zlib.crc32(repr(feeds).encode())))
     distances = []
     for want, wide_want, noisy_want in zip(expected, exact, noisy):
-        if want.dtype != np.float32:
+        if want.dtype.kind != "f":
             distances.append(None)
             continue
         with np.errstate(invalid="ignore"):
-            distance = np.fmax(np.abs(want - wide_want), np.abs(noisy_want - wide_want))
+            distance = np.abs(noisy_want - wide_want)
+            if want.dtype == np.float32:
+                distance = np.fmax(distance, np.abs(want - wide_want))
         distances.append(ROUNDING * float(np.where(np.isfinite(distance), distance, 0.0).max(initial=0.0)))
     return distances
 
 
-def noisy_run(graph, outputs, feeds, rng) -> list[np.ndarray]:
-    """`run_graph` of a float64 graph in which every floating value computed takes a random
-    relative error of up to FLOAT32_EPS / 2, as a float32 rounding would give it."""
+def noisy_run(graph, outputs, feeds, half_ulp: dict[int, float], rng) -> list[np.ndarray]:
+    """`run_graph` of a float64 graph in which the value of each node of `half_ulp` takes a
+    random relative error of up to that much as it is computed: the rounding of the dtype the
+    node has in the original graph."""
     needed = graph.ancestors(outputs)
     values: dict[int, np.ndarray] = {}
     for node_id in graph.topo_order(needed):
@@ -206,15 +212,16 @@ def noisy_run(graph, outputs, feeds, rng) -> list[np.ndarray]:
             values[node_id] = np.asarray(feeds[node.op.feed_name])
             continue
         value = np.asarray(node.op.reference(*(values[i] for i in node.inputs)))
-        if value.dtype.kind == "f":
-            value = value * (1 + rng.uniform(-FLOAT32_EPS / 2, FLOAT32_EPS / 2, value.shape))
+        if node_id in half_ulp and value.dtype.kind == "f":
+            noise = half_ulp[node_id]
+            value = value * (1 + rng.uniform(-noise, noise, value.shape))
         values[node_id] = value
     return [values[o] for o in outputs]
 
 
 def assert_matches_reference(case, outputs, feeds, got) -> None:
     """Every output equals the reference interpreter's: integers exactly, special values at the
-    same places, floats to TOLERANCE plus the float32 distance from float64."""
+    same places, floats to TOLERANCE plus the rounding the graph amplifies (`float64_distance`)."""
     expected = gc.evaluate(outputs, feeds)
     distances = float64_distance(case.graph, outputs, feeds, expected)
     for tensor, want, value, distance in zip(outputs, expected, got, distances):
