@@ -332,23 +332,31 @@ class _GemmImages:
             blas_shapes=((gr, og, c.depth), (count, gr, rows_in, c.pixels), (count, gr, rows_out, c.pixels)))
             for count in ({g.n} if c.pointwise else c.counts())}
 
+    def run(self, w: Any, images: Any, out: Any, stream: Any) -> None:
+        """The filters `w` against `images` (x, or dy for the data gradient) into `out`: one
+        product over the whole batch for a 1×1 filter, else `chunk` per chunk of images."""
+        if not out.size:
+            return
+        c = self.c
+        w, images = to_device(w, stream), to_device(images, stream)
+        if c.pointwise:
+            self.products[c.g.n](w, images, out=out, stream=stream)
+            return
+        for start, count in c.chunks():
+            self.chunk(w, images, _prefix(self.cols, (count, c.rows, c.pixels)), out, start, count, stream)
+
 
 class _GemmForward(_GemmImages):
     def __init__(self, g: Geometry, dtype: np.dtype, config: LaunchConfig):
         super().__init__(g, dtype, config, transpose_filters=False)
 
     def __call__(self, x: Any, w: Any, *, out: Any, stream: Any = 0) -> None:
-        if not out.size:
-            return
+        self.run(w, x, out, stream)
+
+    def chunk(self, w: Any, x: Any, cols: Any, out: Any, start: int, count: int, stream: Any) -> None:
         c = self.c
-        x, w = to_device(x, stream), to_device(w, stream)
-        if c.pointwise:
-            self.products[c.g.n](w, x, out=out, stream=stream)
-            return
-        for start, count in c.chunks():
-            cols = _prefix(self.cols, (count, c.rows, c.pixels))
-            c.im2col[c.grid(cols.size) + (stream,)](x, cols, start, True, c.g.kernel[1], *c.args)
-            self.products[count](w, cols, out=out[start:start + count], stream=stream)
+        c.im2col[c.grid(cols.size) + (stream,)](x, cols, start, True, c.g.kernel[1], *c.args)
+        self.products[count](w, cols, out=out[start:start + count], stream=stream)
 
 
 class _GemmBackwardData(_GemmImages):
@@ -356,18 +364,13 @@ class _GemmBackwardData(_GemmImages):
         super().__init__(g, dtype, config, transpose_filters=True)
 
     def __call__(self, w: Any, dy: Any, *, out: Any, stream: Any = 0) -> None:
-        if not out.size:
-            return
+        self.run(w, dy, out, stream)
+
+    def chunk(self, w: Any, dy: Any, cols: Any, out: Any, start: int, count: int, stream: Any) -> None:
         c = self.c
-        w, dy = to_device(w, stream), to_device(dy, stream)
-        if c.pointwise:
-            self.products[c.g.n](w, dy, out=out, stream=stream)
-            return
-        for start, count in c.chunks():
-            cols = _prefix(self.cols, (count, c.rows, c.pixels))
-            self.products[count](w, dy[start:start + count], out=cols, stream=stream)
-            size = count * c.g.c * c.g.image[0] * c.g.image[1]
-            c.col2im[c.grid(size) + (stream,)](cols, out, start, *c.g.kernel, *c.args)
+        self.products[count](w, dy[start:start + count], out=cols, stream=stream)
+        size = count * c.g.c * c.g.image[0] * c.g.image[1]
+        c.col2im[c.grid(size) + (stream,)](cols, out, start, *c.g.kernel, *c.args)
 
 
 class _GemmBackwardFilter:
