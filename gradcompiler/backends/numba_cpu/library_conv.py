@@ -1,5 +1,11 @@
 """Convolution and pooling on the CPU (docs/op-reference.md §13-§14).
 
+The forward and the filter gradient of a 3×3 stride-1 convolution with enough channels
+take Winograd's F(2×2, 3×3) (library_winograd), falling back to im2col when an input is
+not finite; at stride 1 the data gradient is itself a convolution (`_transposed_convolution`)
+and takes the forward's route, Winograd included. The rest of this module is that
+fallback and every other geometry.
+
 Convolution is im2col + BLAS: a chunk of images is unfolded into a column
 buffer (rows: channel × kernel tap, columns: output pixels) that the kernel
 keeps and reuses across calls, and `np.matmul(..., out=)` multiplies the
@@ -22,7 +28,7 @@ the `library` docstring).
   row at a time, a contiguous copy at stride 1. Every copy is between slices,
   so no index can be negative and LLVM vectorises it (a negative index would
   be wrapped, which it cannot vectorise).
-* BackwardData multiplies the transposed filters into the column buffer
+* BackwardData at stride > 1 multiplies the transposed filters into the column buffer
   and folds it back (col2im, per image plane, so each thread owns the
   pixels it adds into): every output pixel's contribution lands where its
   taps read, with no zero-stuffed dilated gradient for stride > 1.
@@ -45,6 +51,8 @@ from numba import njit, prange
 from ...ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, Geometry
 from ...ops.pool import POOL_MODES, Pooling, PoolingBackward
 from .library import LibraryKernel, ParallelLoop, in_spans, library_kernel, partition_count, split_spans
+from .library_winograd import Winograd
+from .library_winograd import applies as winograd_applies
 
 COLUMN_BYTES = 8 << 20
 _MAX, _AVERAGE, _EXCLUDE_PADDING = (POOL_MODES.index(m) for m in
@@ -218,22 +226,37 @@ class _Columns:
 
 
 class _ConvKernel:
-    """A kernel that builds its `_Columns` on the first call (the geometry needs the shapes)."""
+    """A kernel that builds its plans on first use (the geometry needs the shapes): the
+    `_Columns` of im2col + GEMM and, for the ops that have one and where it applies, a
+    `Winograd` (`winograd_for`), which the kernel tries first. Each is built only when
+    asked for: the im2col buffers are not allocated while Winograd serves."""
 
-    def __init__(self, op):
-        self.op = op
+    def __init__(self, op, winograd: bool = False):
+        self.op, self.winograd = op, winograd
         self.columns: _Columns | None = None
+        self.tiles: Winograd | None = None
 
     def columns_for(self, g: Geometry, dtype: np.dtype) -> _Columns:
         if self.columns is None or (self.columns.g, self.columns.dtype) != (g, dtype):
             self.columns = _Columns(g, np.dtype(dtype))
         return self.columns
 
+    def winograd_for(self, g: Geometry, dtype: np.dtype) -> Winograd | None:
+        if not (self.winograd and winograd_applies(g)):
+            return None
+        if self.tiles is None or (self.tiles.g, self.tiles.dtype) != (g, dtype):
+            self.tiles = Winograd(g, np.dtype(dtype))
+        return self.tiles
+
 
 class _Forward(_ConvKernel):
     def __call__(self, x, w, *, out):
         x, w = np.ascontiguousarray(x), np.ascontiguousarray(w)
-        c = self.columns_for(self.op.geometry(x.shape, w.shape), out.dtype)
+        g = self.op.geometry(x.shape, w.shape)
+        winograd = self.winograd_for(g, out.dtype)
+        if winograd is not None and winograd.forward(x, w, out):
+            return
+        c = self.columns_for(g, out.dtype)
         filters = c.grouped_filter(w)
         grouped_out = c.grouped_images(out, c.g.o)
 
@@ -250,9 +273,19 @@ class _Forward(_ConvKernel):
 
 
 class _BackwardData(_ConvKernel):
+    def __init__(self, op):
+        super().__init__(op)
+        self.as_forward: _Forward | None = None
+
     def __call__(self, w, dy, *, out):
         w, dy = np.ascontiguousarray(w), np.ascontiguousarray(dy)
         g = self.op.geometry(out.shape, w.shape)
+        transposed = _transposed_convolution(g)
+        if transposed is not None:
+            if self.as_forward is None or self.as_forward.op != transposed:
+                self.as_forward = _Forward(transposed, winograd=True)
+            self.as_forward(dy, _flipped_transposed(w, g), out=out)
+            return
         c = self.columns_for(g, out.dtype)
         filters_t = np.swapaxes(c.grouped_filter(w), 1, 2)
         grouped_dy = c.grouped_images(dy, g.o)
@@ -269,10 +302,36 @@ class _BackwardData(_ConvKernel):
         c.run(span)
 
 
+def _transposed_convolution(g: Geometry) -> Convolution | None:
+    """At stride 1 the data gradient is itself a convolution: dy convolved with the filter
+    flipped and transposed (`_flipped_transposed`), padded by dilation·(kernel − 1) −
+    padding, which im2col + GEMM computes faster than the product into columns (its inner
+    dimension only O / groups) and col2im's scatter. None at stride > 1, where that padding
+    would be negative, or where the gradient has fewer channels than the images (unfolding
+    it would make more columns than the product into columns does)."""
+    if g.stride != (1, 1) or g.o > g.c:
+        return None
+    padding = tuple(int(d * (k - 1) - p) for d, k, p in zip(g.dilation, g.kernel, g.padding))
+    if min(padding) < 0:
+        return None
+    return Convolution(padding=padding, dilation=g.dilation, groups=g.groups)
+
+
+def _flipped_transposed(w: np.ndarray, g: Geometry) -> np.ndarray:
+    """The filter of the transposed convolution: (C, O/G, KH, KW), each group's input and
+    output channels swapped and its taps reversed."""
+    grouped = w.reshape(g.groups, g.o_per_group, g.c_per_group, *g.kernel)[..., ::-1, ::-1]
+    return np.ascontiguousarray(grouped.transpose(0, 2, 1, 3, 4)).reshape(g.c, g.o_per_group, *g.kernel)
+
+
 class _BackwardFilter(_ConvKernel):
     def __call__(self, x, dy, *, out):
         x, dy = np.ascontiguousarray(x), np.ascontiguousarray(dy)
-        c = self.columns_for(self.op.geometry(x.shape, out.shape), out.dtype)
+        g = self.op.geometry(x.shape, out.shape)
+        winograd = self.winograd_for(g, out.dtype)
+        if winograd is not None and winograd.backward_filter(x, dy, out):
+            return
+        c = self.columns_for(g, out.dtype)
         grouped_dy = c.grouped_images(dy, c.g.o)
 
         def span(part, first, stop):
@@ -291,7 +350,7 @@ class _BackwardFilter(_ConvKernel):
 
 @library_kernel.register
 def _convolution(op: Convolution) -> LibraryKernel:
-    return _Forward(op)
+    return _Forward(op, winograd=True)
 
 
 @library_kernel.register
@@ -301,7 +360,7 @@ def _convolution_backward_data(op: ConvolutionBackwardData) -> LibraryKernel:
 
 @library_kernel.register
 def _convolution_backward_filter(op: ConvolutionBackwardFilter) -> LibraryKernel:
-    return _BackwardFilter(op)
+    return _BackwardFilter(op, winograd=True)
 
 
 # -- pooling loops ------------------------------------------------------------------------------
