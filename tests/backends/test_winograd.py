@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import gradcompiler as gc
 from gradcompiler.backends.numba_cpu import library, library_winograd
 from gradcompiler.backends.numba_cpu.library import library_kernel
 from gradcompiler.ir import TensorType
@@ -142,3 +143,33 @@ def test_stride_one_data_gradient_as_a_transposed_convolution(kernel_size, paddi
                      rng.standard_normal(w_shape), rng.standard_normal(y_shape))
         fits = all(d * (k - 1) >= p for d, k, p in zip(dilation, kernel_size, padding))
         assert (kernel.as_forward is not None) == (fits and outputs <= channels), params
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_compiled_residual_block_equals_the_reference(dtype, rng, monkeypatch):
+    """A residual block of two 3×3 convolutions wide enough for Winograd, with every gradient
+    (the data gradient through the transposed convolution): compiled for the CPU, equal to
+    the reference interpreter, and served by Winograd (its calls counted)."""
+    served = []
+    for method in ("forward", "backward_filter"):
+        original = getattr(library_winograd.Winograd, method)
+
+        def counted(self, *args, _original=original, _method=method):
+            served.append(_method)
+            return _original(self, *args)
+
+        monkeypatch.setattr(library_winograd.Winograd, method, counted)
+    with gc.Graph("winograd_block"):
+        x = gc.param("x", (2, MIN, 6, 7), dtype)
+        w1, w2 = gc.param("w1", (MIN, MIN, 3, 3), dtype), gc.param("w2", (MIN, MIN, 3, 3), dtype)
+        h = gc.relu(gc.conv2d(x, w1, padding=1))
+        y = gc.conv2d(h, w2, padding=1) + x
+        loss = (y * y).mean()
+        params = [x, w1, w2]
+        outputs = [loss, *gc.grad(loss, params)]
+    feeds = {p.name: rng.standard_normal(p.shape).astype(dtype) for p in params}
+    got = gc.compile(outputs, target="cpu")(**feeds)
+    for g, want, name in zip(got, gc.evaluate(outputs, feeds), ["loss", *feeds]):
+        assert_close(g, want, rtol=RTOL[np.dtype(dtype)], label=name)
+    # two forwards, two filter gradients, two data gradients as transposed forwards
+    assert sorted(served) == ["backward_filter"] * 2 + ["forward"] * 4
