@@ -121,7 +121,7 @@ def three_parts(monkeypatch):
         calls.append((spans, threads))
         return library.in_spans(work, spans, threads)
 
-    monkeypatch.setattr(library_linalg, "partition_count", lambda work: 3)
+    monkeypatch.setattr(library, "partition_count", lambda work: 3)
     monkeypatch.setattr(library_linalg, "in_spans", recording)
     return calls
 

@@ -76,7 +76,7 @@ def test_winograd_equals_the_reference(case, dtype, rng):
 
 @pytest.mark.parametrize("case", ["same_odd", "uneven_padding"])
 def test_winograd_over_threads_one_image_a_chunk(case, rng, monkeypatch, parallel_loops):
-    """A batch of 5 over two threads' spans, a chunk of one image each time, called twice: the
+    """A batch of 5 in spans over two threads, a chunk of one image each time, called twice: the
     second call reuses buffers the first filled (the spare tiles' stale values must not
     reach the output or the filter gradient)."""
     monkeypatch.setattr(library_winograd, "CHUNK_BYTES", 1)
@@ -90,7 +90,7 @@ def test_winograd_over_threads_one_image_a_chunk(case, rng, monkeypatch, paralle
             out = np.empty(op.infer(*(TensorType(a.shape, a.dtype) for a in inputs)).shape)
             kernel(*inputs, out=out)
             assert_close(out, op.reference(*inputs), rtol=1e-10, label=op.describe())
-            assert len(kernel.tiles.spans) == 2 and kernel.tiles.chunk == 1 and by_winograd(kernel)
+            assert kernel.tiles.threads == 2 and kernel.tiles.chunk == 1 and by_winograd(kernel)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference's inf - inf, 0 * inf

@@ -14,10 +14,10 @@ are a batch dimension of the product, so depthwise and grouped filters
 take the same path. The chunk is sized so the column buffer stays near
 `COLUMN_BYTES` (cache-friendly, and a fixed cost whatever the batch).
 
-The batch is split into one contiguous span of images per thread, and
-each thread unfolds, multiplies and folds its own span with a column
-buffer of its own, calling BLAS single-threaded (`library.in_spans`; why:
-the `library` docstring).
+The batch is split into contiguous spans of images, a few per thread
+(`library.thread_spans`), and each thread unfolds, multiplies and folds the
+spans it takes with a column buffer of its own, calling BLAS
+single-threaded (`library.in_spans`; why: the `library` docstring).
 
 * 1×1 filters with stride 1 and no padding skip the unfolding: the image
   already is its column matrix.
@@ -50,7 +50,7 @@ from numba import njit, prange
 
 from ...ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, Geometry
 from ...ops.pool import POOL_MODES, Pooling, PoolingBackward
-from .library import LibraryKernel, ParallelLoop, in_spans, library_kernel, partition_count, split_spans
+from .library import LibraryKernel, ParallelLoop, in_spans, library_kernel, thread_spans
 from .library_winograd import Winograd
 from .library_winograd import applies as winograd_applies
 
@@ -180,8 +180,8 @@ def _col2im(cols, dx, first, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, 
 
 
 class _Columns:
-    """The geometry of one convolution, its spans of images (one per thread) and their reused
-    column buffers."""
+    """The geometry of one convolution, its spans of images (a few per thread) and each
+    thread's reused column buffer."""
 
     def __init__(self, g: Geometry, dtype: np.dtype):
         self.g, self.dtype = g, dtype
@@ -189,16 +189,17 @@ class _Columns:
         self.pixels = g.out[0] * g.out[1]
         self.rows = g.c * self.taps
         self.direct = g.kernel == (1, 1) and g.stride == (1, 1) and g.padding == (0, 0)
-        self.spans = split_spans(g.n, partition_count(g.n * self.rows * self.pixels))
+        self.spans, self.threads = thread_spans(g.n, g.n * self.rows * self.pixels)
         per_image = max(1, self.rows * self.pixels * dtype.itemsize)
         self.chunk = max(1, min(-(-g.n // len(self.spans)), COLUMN_BYTES // per_image))
         self.buffers = [] if self.direct else [
-            np.empty((self.chunk, self.rows, self.pixels), dtype) for _ in self.spans]
+            np.empty((self.chunk, self.rows, self.pixels), dtype) for _ in range(self.threads)]
         self.args = (g.kernel[1], *g.stride, *g.padding, *g.dilation, g.out[1])
 
     def run(self, work) -> list:
-        """`work(part, first, stop)` over the spans, each on a thread of its own."""
-        return in_spans(work, self.spans)
+        """`work(part, first, stop)` over the spans, taken by the threads (`part`: the thread's
+        buffers) as they come free."""
+        return in_spans(work, self.spans, self.threads)
 
     def chunks(self, part: int, first: int, stop: int):
         """(first image, buffer view) for each chunk of the span [first, stop)."""

@@ -10,7 +10,7 @@ zeros, as numpy does.
 
 A batched product is one GEMM per batch item (numpy's stacked loop). With
 at least one item per thread, the batch (its dims folded into one, as
-views) is split into up to SPANS_PER_THREAD spans per thread, which the
+views) is split into up to `library.SPANS_PER_THREAD` spans per thread, which the
 threads take as they come free, each multiplying its items with BLAS
 single-threaded (`library.in_spans`): threaded BLAS waits on its own
 threads inside each short GEMM, which on a shared machine cost the
@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from ...ops.linalg import BatchedMatrixMul, MatrixMul
-from .library import LibraryKernel, in_spans, library_kernel, partition_count, split_spans
+from .library import LibraryKernel, in_spans, library_kernel, thread_spans
 
 
 def _flat2d(x: np.ndarray) -> np.ndarray:
@@ -60,19 +60,11 @@ def _stacked(x: np.ndarray, batch: tuple[int, ...], count: int) -> np.ndarray | 
         return None
 
 
-SPANS_PER_THREAD = 4
-"""Spans of a batched product per thread: the finer, the better a thread's stall is absorbed;
-each span is one Python-level matmul call (microseconds)."""
-
-
 def _product_spans(out_shape: tuple[int, ...], k: int) -> tuple[list[tuple[int, int]], int]:
     """Spans of batch items and the threads that take them; one span (the plain call) when the
     batch has fewer items than threads or the product is small."""
     count = math.prod(out_shape[:-2])
-    threads = partition_count(count * out_shape[-2] * out_shape[-1] * k)
-    if count < threads or threads == 1:
-        return split_spans(count, 1), 1
-    return split_spans(count, threads * SPANS_PER_THREAD), threads
+    return thread_spans(count, count * out_shape[-2] * out_shape[-1] * k)
 
 
 @library_kernel.register

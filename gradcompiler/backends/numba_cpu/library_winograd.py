@@ -27,7 +27,7 @@ contiguous slices (LLVM vectorises them). Output tiles past an odd-sized output 
 computed and not stored. The transforms are exact in the dtype but for rounding
 (coefficients ±1, and ½ in G, applied to the small filter in float64).
 
-The chunking and threading are library_conv's: a contiguous span of images per
+The chunking and threading are library_conv's: contiguous spans of images, a few per
 thread, BLAS single-threaded, each thread with buffers of its own sized near
 `CHUNK_BYTES`.
 """
@@ -38,7 +38,7 @@ import numpy as np
 from numba import njit
 
 from ...ops.conv import Geometry
-from .library import in_spans, partition_count, split_spans
+from .library import in_spans, thread_spans
 
 CHUNK_BYTES = 4 << 20
 MIN_CHANNELS = 16     # below this the 16 GEMMs' inner dimension is too small to pay
@@ -228,7 +228,7 @@ def _gradient_tiles(dy, dm, first, tiles_h, line, quarters):
 
 
 class Winograd:
-    """One convolution's tiling, its spans of images (one per thread) and each thread's
+    """One convolution's tiling, its spans of images (a few per thread) and each thread's
     reused buffers: the transformed images V, the products M (or the transformed gradient
     dM), a plane's quarters and the transforms' rows.
 
@@ -241,10 +241,10 @@ class Winograd:
         self.tiles_h = -(-g.out[0] // 2)
         self.line = -(-g.out[1] // 2) + 1      # tiles per row, one of them spare
         self.tiles = self.tiles_h * self.line  # per image
-        self.spans = split_spans(g.n, partition_count(g.n * 16 * g.c * self.tiles))
+        self.spans, self.threads = thread_spans(g.n, g.n * 16 * g.c * self.tiles)
         per_image = 16 * (g.c + g.o) * self.tiles * dtype.itemsize
         self.chunk = max(1, min(-(-g.n // len(self.spans)), CHUNK_BYTES // per_image))
-        self.buffers = [self._buffers() for _ in self.spans]
+        self.buffers = [self._buffers() for _ in range(self.threads)]
 
     def _buffers(self) -> tuple:
         return (np.empty(16 * self.g.c * self.chunk * self.tiles, self.dtype),
@@ -278,7 +278,7 @@ class Winograd:
                 _output_tiles(m, out, start, self.tiles_h, self.line, rows, quarters)
             return True
 
-        return all(in_spans(span, self.spans))
+        return all(in_spans(span, self.spans, self.threads))
 
     def backward_filter(self, x: np.ndarray, dy: np.ndarray, out: np.ndarray) -> bool:
         """out = the filter gradient of the convolution of x, or False (x or dy not finite)."""
@@ -292,7 +292,7 @@ class Winograd:
                 total = total + np.matmul(dm, np.swapaxes(v, 1, 2))
             return total
 
-        sums = in_spans(span, self.spans)
+        sums = in_spans(span, self.spans, self.threads)
         if any(part is None for part in sums):
             return False
         du = np.sum(sums, axis=0).reshape(4, 4, self.g.o, self.g.c)
