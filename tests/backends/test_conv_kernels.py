@@ -74,6 +74,16 @@ def test_convolution_kernels_equal_the_reference(case, dtype, rng):
     assert_matches(filt, x, dy)
 
 
+@pytest.mark.parametrize("case", ["stride2_pad1", "groups2", "same_3x3", "pointwise"])
+def test_empty_batch_convolves_to_empty_images_and_a_zero_filter_gradient(case, rng):
+    forward, data, filt, x_shape, w_shape, y_shape = conv_ops(case)
+    x_shape, y_shape = (0, *x_shape[1:]), (0, *y_shape[1:])
+    x, w, dy = (rng.standard_normal(s) for s in (x_shape, w_shape, y_shape))
+    assert_matches(forward, x, w)
+    assert_matches(data, w, dy)
+    assert_matches(filt, x, dy)
+
+
 @pytest.mark.parametrize("case", ["stride2_pad1", "groups2"])
 def test_convolution_in_chunks_and_in_parallel(case, rng, small_chunks, parallel_loops):
     forward, data, filt, x_shape, w_shape, y_shape = conv_ops(case)

@@ -74,6 +74,14 @@ def test_winograd_equals_the_reference(case, dtype, rng):
         assert by_winograd(data_kernel.as_forward)                 # itself by Winograd
 
 
+def test_empty_batch(rng):
+    """No images: empty outputs and a zero filter gradient (every span empty)."""
+    forward, data, filt, x_shape, w_shape, y_shape = ops("same_even")
+    x, w, dy = (rng.standard_normal(s) for s in ((0, *x_shape[1:]), w_shape, (0, *y_shape[1:])))
+    for op, inputs in ((forward, (x, w)), (filt, (x, dy)), (data, (w, dy))):
+        assert run(op, *inputs).tiles is not None or op is data
+
+
 @pytest.mark.parametrize("case", ["same_odd", "uneven_padding"])
 def test_winograd_over_threads_one_image_a_chunk(case, rng, monkeypatch, parallel_loops):
     """A batch of 5 in spans over two threads, a chunk of one image each time, called twice: the

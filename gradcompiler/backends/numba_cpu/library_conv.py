@@ -218,8 +218,9 @@ class _Columns:
         return cols.reshape(cols.shape[0], self.g.groups, -1, self.pixels)
 
     def grouped_images(self, a: np.ndarray, channels: int) -> np.ndarray:
-        """(N, G, channels / G, pixels) view of a contiguous NCHW array."""
-        return a.reshape(a.shape[0], self.g.groups, channels // self.g.groups, -1)
+        """(N, G, channels / G, pixels) view of a contiguous NCHW array (the pixel count spelled
+        out: numpy cannot infer a -1 in an empty batch)."""
+        return a.reshape(a.shape[0], self.g.groups, channels // self.g.groups, a.shape[2] * a.shape[3])
 
     def grouped_filter(self, w: np.ndarray) -> np.ndarray:
         """(G, O/G, C/G · taps) view of the filter."""
@@ -340,7 +341,7 @@ class _BackwardFilter(_ConvKernel):
             if c.direct:
                 cols = np.swapaxes(c.grouped_images(x, c.g.c)[first:stop], 2, 3)
                 return np.matmul(grouped_dy[first:stop], cols).sum(axis=0)
-            total = 0
+            total = np.zeros(c.grouped_filter(out).shape, out.dtype)  # a span may be empty
             for start, cols in c.chunks(part, first, stop):
                 cols_t = np.swapaxes(c.grouped(c.unfold(x, start, cols)), 2, 3)
                 total = total + np.matmul(grouped_dy[start:start + cols.shape[0]], cols_t).sum(axis=0)

@@ -284,7 +284,7 @@ class Winograd:
         """out = the filter gradient of the convolution of x, or False (x or dy not finite)."""
         def span(part, first, stop):
             """This span's Σ over tiles of dM · Vᵀ, (16, O, C), or None."""
-            total = 0
+            total = np.zeros((16, self.g.o, self.g.c), self.dtype)  # a span may be empty
             for start, v, dm, quarters, rows in self._chunks(part, first, stop):
                 finite = self._transform_input(x, start, v, quarters, rows)
                 if not (finite and _gradient_tiles(dy, dm, start, self.tiles_h, self.line, quarters) == 0):
