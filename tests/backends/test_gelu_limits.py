@@ -15,11 +15,15 @@ import pytest
 
 import gradcompiler as gc
 
-X = np.array([-np.inf, np.inf, np.nan, -60.0, 60.0, 0.5], np.float32)
-G = np.array([2.0, 3.0, 1.0, 1.0, 5.0, 1.0], np.float32)
-GELU = np.array([-0.0, np.inf, np.nan, -0.0, 60.0, 0.5 * 0.6914624612740131], np.float32)
-GELU_GRAD = np.array([0.0, 3.0, np.nan, 0.0, 5.0, 0.6914624612740131 + 0.5 * 0.3520653267642995],
-                     np.float32)
+# the last five: an infinite g times the factor's limit (0 at -inf and wherever Φ + a·φ
+# underflows float32, 1 at inf): NaN for inf·0, found by the fuzz as gelu_grad(-inf, -inf) = inf
+X = np.array([-np.inf, np.inf, np.nan, -60.0, 60.0, 0.5, -np.inf, -np.inf, np.inf, -20.0, 60.0],
+             np.float32)
+G = np.array([2.0, 3.0, 1.0, 1.0, 5.0, 1.0, -np.inf, np.inf, -np.inf, np.inf, np.inf], np.float32)
+GELU = np.array([-0.0, np.inf, np.nan, -0.0, 60.0, 0.5 * 0.6914624612740131,
+                 -0.0, -0.0, np.inf, -0.0, 60.0], np.float32)
+GELU_GRAD = np.array([0.0, 3.0, np.nan, 0.0, 5.0, 0.6914624612740131 + 0.5 * 0.3520653267642995,
+                      np.nan, np.nan, -np.inf, np.nan, np.inf], np.float32)
 
 
 def _outputs():

@@ -259,10 +259,13 @@ def erf_f32(x):
 
 @njit(inline="always", cache=True)
 def _density_term_f64v(x):
-    """x·φ(x), 0 in the limits ±inf (x is clamped where x·φ(x) is below every float)."""
+    """x·φ(x), exactly 0 from |x| = _DENSITY_CLAMP on, ±inf included (the limits). Exactly:
+    exp_f64v clamps its argument, so the term computed there would be a tiny float64 rather
+    than 0, and g = ±inf times it ±inf where the reference's g·0 is NaN."""
     xc = _DENSITY_CLAMP if x > _DENSITY_CLAMP else x
     xc = -_DENSITY_CLAMP if xc < -_DENSITY_CLAMP else xc
-    return xc * (_INV_SQRT_2PI * exp_f64v(-0.5 * xc * xc))
+    term = xc * (_INV_SQRT_2PI * exp_f64v(-0.5 * xc * xc))
+    return 0.0 if abs(x) >= _DENSITY_CLAMP else term  # NaN fails the test: NaN stays
 
 
 @njit(inline="always", cache=True)
@@ -274,9 +277,11 @@ def gelu_f32(x):
 
 @njit(inline="always", cache=True)
 def gelu_grad_f32(x, g):
-    """g·(Φ(x) + x·φ(x))."""
+    """g·(Φ(x) + x·φ(x)), the factor rounded to float32 first: where it underflows there (x
+    below about −14) it is 0, as in the reference, so g = ±inf gives g·0 = NaN, not ±inf."""
     xd = np.float64(x)
-    return _F(np.float64(g) * (_normal_cdf_f64v(xd) + _density_term_f64v(xd)))
+    factor = _F(_normal_cdf_f64v(xd) + _density_term_f64v(xd))
+    return _F(np.float64(g) * np.float64(factor))
 
 
 # -- pow, sqrt, rsqrt (float32) ----------------------------------------------------------------
