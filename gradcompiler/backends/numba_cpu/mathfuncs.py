@@ -62,6 +62,7 @@ _INV_SQRT2 = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
 _TWO_OVER_SQRT_PI = 1.1283791670955126
 _DENSITY_CLAMP = 40.0                  # 40·φ(40) ~ 1e-347: zero in float64
+_HALF_F32_SUBNORMAL = 2.0 ** -150      # below this a float64 rounds to float32 0
 
 # -- exp family (float32) ----------------------------------------------------------------------
 
@@ -277,11 +278,13 @@ def gelu_f32(x):
 
 @njit(inline="always", cache=True)
 def gelu_grad_f32(x, g):
-    """g·(Φ(x) + x·φ(x)), the factor rounded to float32 first: where it underflows there (x
-    below about −14) it is 0, as in the reference, so g = ±inf gives g·0 = NaN, not ±inf."""
+    """g·(Φ(x) + x·φ(x)), the factor 0 where it would underflow float32 (x below about −14),
+    as in the reference, so g = ±inf gives g·0 = NaN there, not ±inf; elsewhere the product
+    is taken in float64 and rounded once."""
     xd = np.float64(x)
-    factor = _F(_normal_cdf_f64v(xd) + _density_term_f64v(xd))
-    return _F(np.float64(g) * np.float64(factor))
+    factor = _normal_cdf_f64v(xd) + _density_term_f64v(xd)
+    factor = 0.0 if abs(factor) < _HALF_F32_SUBNORMAL else factor  # NaN fails the test: NaN stays
+    return _F(np.float64(g) * factor)
 
 
 # -- pow, sqrt, rsqrt (float32) ----------------------------------------------------------------
