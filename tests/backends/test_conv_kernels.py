@@ -38,10 +38,6 @@ CONV_CASES = {  # x shape, w shape, stride, padding, dilation, groups
 }
 
 
-@pytest.fixture
-def parallel_loops(monkeypatch):
-    monkeypatch.setattr(library, "PARALLEL_MIN_WORK", 0)
-
 
 @pytest.fixture
 def small_chunks(monkeypatch):

@@ -49,11 +49,6 @@ from oracle import assert_close
 RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}
 
 
-@pytest.fixture
-def parallel_loops(monkeypatch):
-    """Run the parallel compilation of every loop, whatever the size."""
-    monkeypatch.setattr(library, "PARALLEL_MIN_WORK", 0)
-
 
 def assert_matches(op, *inputs, atol=0.0):
     got = run_library_op(op, *inputs)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
-from gradcompiler.backends.numba_cpu import library, library_winograd
+from gradcompiler.backends.numba_cpu import library_winograd
 from gradcompiler.backends.numba_cpu.library import library_kernel
 from gradcompiler.ir import TensorType
 from gradcompiler.ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter
@@ -55,10 +55,6 @@ def by_winograd(kernel) -> bool:
     """Whether the last call was served by Winograd alone (im2col's plan never built)."""
     return kernel.tiles is not None and kernel.columns is None
 
-
-@pytest.fixture
-def parallel_loops(monkeypatch):
-    monkeypatch.setattr(library, "PARALLEL_MIN_WORK", 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

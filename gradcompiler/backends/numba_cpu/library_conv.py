@@ -239,16 +239,21 @@ class _ConvKernel:
         self.tiles: Winograd | None = None
 
     def columns_for(self, g: Geometry, dtype: np.dtype) -> _Columns:
-        if self.columns is None or (self.columns.g, self.columns.dtype) != (g, dtype):
-            self.columns = _Columns(g, np.dtype(dtype))
+        self.columns = _plan(self.columns, _Columns, g, dtype)
         return self.columns
 
     def winograd_for(self, g: Geometry, dtype: np.dtype) -> Winograd | None:
         if not (self.winograd and winograd_applies(g)):
             return None
-        if self.tiles is None or (self.tiles.g, self.tiles.dtype) != (g, dtype):
-            self.tiles = Winograd(g, np.dtype(dtype))
+        self.tiles = _plan(self.tiles, Winograd, g, dtype)
         return self.tiles
+
+
+def _plan(plan, kind, g: Geometry, dtype: np.dtype):
+    """`plan` if it was built for this geometry and dtype, else a new `kind(g, dtype)`."""
+    if plan is None or (plan.g, plan.dtype) != (g, np.dtype(dtype)):
+        plan = kind(g, np.dtype(dtype))
+    return plan
 
 
 class _Forward(_ConvKernel):
