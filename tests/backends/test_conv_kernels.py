@@ -35,6 +35,8 @@ CONV_CASES = {  # x shape, w shape, stride, padding, dilation, groups
     "same_dilated": ((2, 2, 6, 5), (3, 2, 3, 3), (1, 1), (2, 2), (2, 2), 1),
     "same_1x5": ((1, 2, 4, 7), (2, 2, 1, 5), (1, 1), (0, 2), (1, 1), 1),
     "same_width_fewer_rows": ((1, 2, 6, 5), (2, 2, 3, 3), (1, 1), (0, 1), (1, 1), 1),
+    # fewer output channels than input: the data gradient is a convolution of dy padded by 1
+    "transposed_pad1": ((2, 2, 3, 4), (1, 2, 2, 2), (1, 1), (0, 0), (1, 1), 1),
 }
 
 
@@ -77,6 +79,24 @@ def test_empty_batch_convolves_to_empty_images_and_a_zero_filter_gradient(case, 
     x, w, dy = (rng.standard_normal(s) for s in (x_shape, w_shape, y_shape))
     assert_matches(forward, x, w)
     assert_matches(data, w, dy)
+    assert_matches(filt, x, dy)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference's inf - inf, 0 * inf
+@pytest.mark.parametrize("case", ["transposed_pad1", "dilation2", "depthwise", "stride2_pad1"])
+def test_non_finite_filters_and_gradients_give_the_reference_nan_and_inf(case, rng):
+    """The data gradient adds nothing where a tap falls into the padding; at stride 1 the
+    kernel computes it as a convolution of the zero-padded dy, so an infinite tap must not
+    multiply that padding (0·inf = NaN where the reference has a finite value)."""
+    forward, data, filt, x_shape, w_shape, y_shape = conv_ops(case)
+    x, w, dy = (rng.standard_normal(s).astype(np.float32) for s in (x_shape, w_shape, y_shape))
+    w.reshape(-1)[::3] = np.inf
+    assert_matches(data, w, dy)
+    dy.reshape(-1)[1::4] = np.nan
+    assert_matches(data, w, dy)
+    w.reshape(-1)[::3] = 1.0
+    x.reshape(-1)[::5] = -np.inf
+    assert_matches(forward, x, w)
     assert_matches(filt, x, dy)
 
 

@@ -2,8 +2,8 @@
 
 The forward and the filter gradient of a 3×3 stride-1 convolution with enough channels
 take Winograd's F(2×2, 3×3) (library_winograd), falling back to im2col when an input is
-not finite; at stride 1 the data gradient is itself a convolution (`_transposed_convolution`)
-and takes the forward's route, Winograd included. The rest of this module is that
+not finite; at stride 1 the data gradient of a finite filter is itself a convolution
+(`_transposed_convolution`) and takes the forward's route, Winograd included. The rest of this module is that
 fallback and every other geometry.
 
 Convolution is im2col + BLAS: a chunk of images is unfolded into a column
@@ -288,7 +288,7 @@ class _BackwardData(_ConvKernel):
         w, dy = np.ascontiguousarray(w), np.ascontiguousarray(dy)
         g = self.op.geometry(out.shape, w.shape)
         transposed = _transposed_convolution(g)
-        if transposed is not None:
+        if transposed is not None and np.isfinite(w).all():
             if self.as_forward is None or self.as_forward.op != transposed:
                 self.as_forward = _Forward(transposed, winograd=True)
             self.as_forward(dy, _flipped_transposed(w, g), out=out)
@@ -315,7 +315,9 @@ def _transposed_convolution(g: Geometry) -> Convolution | None:
     padding, which im2col + GEMM computes faster than the product into columns (its inner
     dimension only O / groups) and col2im's scatter. None at stride > 1, where that padding
     would be negative, or where the gradient has fewer channels than the images (unfolding
-    it would make more columns than the product into columns does)."""
+    it would make more columns than the product into columns does). The caller takes it only
+    for a finite filter: the transposed convolution multiplies the filter by dy's zero padding,
+    where the data gradient adds nothing, so an infinite tap would make 0·inf = NaN there."""
     if g.stride != (1, 1) or g.o > g.c:
         return None
     padding = tuple(int(d * (k - 1) - p) for d, k, p in zip(g.dilation, g.kernel, g.padding))
