@@ -190,7 +190,9 @@ def _in_place_safe(graph: Graph, group: FusionGroup, value: int, out: int, root:
     input, and nothing reads an element after it is written. Either way the
     input must have out's shape, itemsize and element order, and so must
     every other input that views the same buffer (a loop reading x + x.T
-    cannot overwrite x); a scatter may read the buffer only as its data.
+    cannot overwrite x); a scatter may read the buffer only as its data, once (its operands
+    are counted with repeats: `index_add(a, i, a)` reads a as its values too, and updating
+    a in place would add values already updated).
     """
     o, v = graph[out].type, graph[value].type
     if v.dtype.itemsize != o.dtype.itemsize:
@@ -198,7 +200,8 @@ def _in_place_safe(graph: Graph, group: FusionGroup, value: int, out: int, root:
     sharing = [i for i in group.inputs if root.get(i) == root[value]]
     node = graph[out]
     if group.nodes == (out,) and node.op.kind == "scatter":
-        return sharing == [value] and node.inputs[0] == value and _keeps_element_order(graph, value, root[value])
+        operands = [i for i in node.inputs if root.get(i) == root[value]]
+        return operands == [value] and node.inputs[0] == value and _keeps_element_order(graph, value, root[value])
     return (group.kind in ("loop", "reduce")
             and all(graph[i].type.shape == o.shape and _keeps_element_order(graph, i, root[value]) for i in sharing)
             and all(graph[m].op.kind == "elementwise"

@@ -1,7 +1,7 @@
 """Edge values that once gave wrong answers or crashed compiled code while the
 reference worked: PRODUCT gradients at zeros, MAX/MIN gradients at ties, matmuls
 with an empty contracted or batch dim, an elementwise op on a 0-d gather with a
-Tensor index, softmax over a zero-length axis.
+Tensor index, softmax over a zero-length axis, a scatter that adds an array to itself.
 
 Each graph runs on the reference interpreter, the compiled CPU target and the
 CUDA simulator (a GPU under make gpu-check), and every result is compared with
@@ -142,3 +142,20 @@ def test_softmax_over_a_zero_length_axis_is_empty(shape, axis, target):
     want = [np.zeros(o.shape) for o in outs]
     assert all(0 in o.shape for o in outs)
     assert_all_close(run(outs, {"x": np.zeros(shape)}, target), want)
+
+
+# -- a scatter whose values are its own data ------------------------------------------------------
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_index_add_of_an_array_to_itself_at_permuted_positions(target):
+    # the data operand dies in the scatter, but it is the values operand too: updating it in
+    # place would add values already updated (a[1] += a[2] after a[2] += a[1])
+    with gc.Graph("self_scatter"):
+        x = gc.input("x", (3,), "float64")
+        a = gc.exp(x)
+        outs = [gc.index_add(a, gc.constant(np.array([0, 2, 1])), a)]
+    x = np.array([0.1, -0.4, 0.7])
+    a = np.exp(x)
+    want = a.copy()
+    np.add.at(want, [0, 2, 1], a)
+    assert_all_close(run(outs, {"x": x}, target), [want])

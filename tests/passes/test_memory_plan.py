@@ -108,6 +108,16 @@ def test_a_scatter_updates_its_dying_data_in_place():
     assert plan.peak_bytes == 12 * F64 and plan.unfused_peak_bytes == 2 * 12 * F64
 
 
+def test_a_scatter_that_reads_its_data_as_its_values_too_is_not_in_place():
+    with gc.Graph():
+        x = gc.input("x", (3,), "float64")
+        a = gc.exp(x)
+        s = gc.index_add(a, gc.constant(np.array([0, 2, 1])), a)
+    graph, plan = planned([s])
+    assert plan.buffers[s.id] != plan.buffers[a.id]
+    assert plan.in_place == 0
+
+
 def test_outputs_get_their_own_buffers():
     with gc.Graph():
         x = gc.input("x", (64,), "float64")
