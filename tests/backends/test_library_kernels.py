@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from gradcompiler.backends.numba_cpu import library, library_linalg
+from gradcompiler.backends.numba_cpu import library, library_linalg, library_vision
 from gradcompiler.backends.numba_cpu.library import library_kernel, run_library_op
 from gradcompiler.errors import IndexOutOfRangeError
 from gradcompiler.ops.indexing import (
@@ -42,6 +42,7 @@ from gradcompiler.ops.vision import (
     WarpPerspective,
     WarpPerspectiveBackwardData,
     WarpPerspectiveBackwardMat,
+    WarpPerspectiveTangentMat,
 )
 
 from oracle import assert_close
@@ -382,6 +383,29 @@ def test_warp_non_finite_matrix_matches_reference(rng):
         g = randn(rng, out.shape)
         assert_matches(WarpPerspectiveBackwardMat(mode, 0.25, "NCHW"), src, mat, g, atol=1e-4)
         assert_matches(WarpPerspectiveBackwardData(src.shape, mode, 0.25, "NCHW"), mat, g, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference's inf - inf, 0 * inf
+@pytest.mark.parametrize("mode", MODES)
+def test_warps_of_non_finite_images_and_gradients_over_several_row_blocks(parallel_loops, rng, mode):
+    """NaN and ±inf pixels in the image and the upstream gradient, repeated matrices and a
+    non-finite one, in float64 to 1e-10; 3 × 11 output rows make two blocks of rows and a
+    partial one (`ROWS_PER_BLOCK`), so every loop's block bounds are crossed."""
+    assert 3 * 11 > 2 * library_vision.ROWS_PER_BLOCK
+    src = randn(rng, (2, 3, 6, 7), np.float64)
+    src.reshape(-1)[::9] = np.nan
+    src.reshape(-1)[4::13] = np.inf
+    src.reshape(-1)[5::17] = -np.inf
+    mat = _matrices(rng, 3).astype(np.float64)
+    mat[2, 2] = 0.0                       # den = 0 everywhere: a non-finite source point
+    mat_idx = np.array([1, 1, 0], np.int32)
+    out = assert_matches(WarpPerspective((11, 5), mode, 0.7, "NCHW"), src, mat, mat_idx)
+    g = randn(rng, out.shape, np.float64)
+    g.reshape(-1)[3::11] = np.nan
+    assert_matches(WarpPerspectiveBackwardData(src.shape, mode, 0.7, "NCHW"), mat, mat_idx, g)
+    assert_matches(WarpPerspectiveBackwardMat(mode, 0.7, "NCHW"), src, mat, mat_idx, g, atol=1e-10)
+    v = randn(rng, mat.shape, np.float64)
+    assert_matches(WarpPerspectiveTangentMat((11, 5), mode, 0.7, "NCHW"), src, mat, mat_idx, v, atol=1e-10)
 
 
 def test_warp_float64_forward(rng):
