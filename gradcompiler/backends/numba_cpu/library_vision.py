@@ -209,10 +209,13 @@ def _forward_loop(source, mats, images, coords, target, mode, border_val):
 
 @ParallelLoop
 def _backward_data_loop(gradient, mats, order, starts, coords, upstream, mode):
-    """gradient[image] += Σ over the matrices reading `image` (order[starts[i]:starts[i+1]])."""
+    """gradient[image] = Σ over the matrices reading `image` (order[starts[i]:starts[i+1]]);
+    the thread that owns an image zeroes it first (an image is sn contiguous elements in
+    either layout)."""
     grad, (sn, sc, sh, sw), channels, in_h, in_w = gradient
     g, (gn, gc, gh, gw), _, out_h, out_w = upstream
     for image in prange(starts.size - 1):
+        grad[image * sn:(image + 1) * sn] = 0
         offsets, weights, points = _row_buffers(out_w)
         for slot in range(starts[image], starts[image + 1]):
             n = order[slot]
@@ -239,14 +242,19 @@ def _coordinate_partials(fx, fy, xs, ys, den):
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _slopes(src, k, offsets, points, ow, border_val):
+def _fractions(points, ow):
+    """(ax, ay): pixel ow's source point's distance past its top-left tap."""
+    xs, ys = points[0, ow], points[1, ow]
+    return xs - np.floor(xs), ys - np.floor(ys)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _slopes(src, k, offsets, ow, ax, ay, border_val):
     """(∂out/∂xs, ∂out/∂ys) of one channel (offset `k`) at pixel ow, float64."""
     v00 = _tap_value(src, k, offsets, 0, ow, border_val)
     v01 = _tap_value(src, k, offsets, 1, ow, border_val)
     v10 = _tap_value(src, k, offsets, 2, ow, border_val)
     v11 = _tap_value(src, k, offsets, 3, ow, border_val)
-    xs, ys = points[0, ow], points[1, ow]
-    ax, ay = xs - np.floor(xs), ys - np.floor(ys)
     return (1 - ay) * (v01 - v00) + ay * (v11 - v10), (1 - ax) * (v10 - v00) + ax * (v11 - v01)
 
 
@@ -286,10 +294,12 @@ def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val,
                 fx, xs, ys, den = np.float64(coords[ow]), points[0, ow], points[1, ow], points[2, ow]
                 inv = 1 / den
                 partials_bound = inv * (fx + fy + 1) * (1 + abs(xs) + abs(ys))
+                ax, ay = _fractions(points, ow)
                 sum_dx = sum_dy = 0.0
+                pixel = n * gn + oh * gh + ow * gw
                 for c in range(channels):
-                    d_x, d_y = _slopes(src, c * sc, offsets, points, ow, border_val)
-                    value = np.float64(g[np.uint64(n * gn + c * gc + oh * gh + ow * gw)])
+                    d_x, d_y = _slopes(src, c * sc, offsets, ow, ax, ay, border_val)
+                    value = np.float64(g[np.uint64(pixel + c * gc)])
                     g_dx = value * d_x  # g · ∂out/∂xs
                     g_dy = value * d_y  # g · ∂out/∂ys
                     if math.isfinite(g_dx + g_dy + partials_bound):   # NaN or inf anywhere
@@ -329,11 +339,12 @@ def _tangent_mat_loop(source, mats, images, coords, tangents, mode, border_val, 
             for ow in range(out_w):
                 fx = np.float64(coords[ow])
                 d_xs, d_ys = _coordinate_partials(fx, fy, points[0, ow], points[1, ow], points[2, ow])
+                ax, ay = _fractions(points, ow)
                 pixel = n * on + oh * oh_stride + ow * ow_stride
                 for c in range(channels):
                     total = 0.0
                     if _finite(weights, ow):
-                        d_x, d_y = _slopes(src, c * sc, offsets, points, ow, border_val)
+                        d_x, d_y = _slopes(src, c * sc, offsets, ow, ax, ay, border_val)
                         for j in range(9):
                             weight = np.float64(v[j])
                             term = weight * d_x * d_xs[j] + weight * d_y * d_ys[j]
@@ -417,7 +428,6 @@ def _warp_backward_data(op: WarpPerspectiveBackwardData) -> LibraryKernel:
         images = _images(op, mat_idx, mat.shape[0], out.shape[0])
         order = np.argsort(images, kind="stable")             # matrices grouped by source image
         starts = np.searchsorted(images[order], np.arange(out.shape[0] + 1))
-        out.fill(0)
         upstream = _image(op.format, g)
         _backward_data_loop(g.size, _image(op.format, out), _rows(mat), order, starts,
                             _coords(upstream, mat.dtype), upstream, _MODE_CODES[op.border_mode])
