@@ -62,18 +62,18 @@ _REPLICATE, _REFLECT, _REFLECT_101, _WRAP, _CONSTANT = range(5)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _clamped(p, length):
-    """(index, inside) of the integer-valued float tap `p` clamped to an axis of `length`:
-    min and max, and an int32 conversion, so a loop of them vectorises."""
-    return np.int32(min(max(p, 0), length - 1)), (p >= 0) & (p < length)
+def _clamped(p, length, mode):
+    """`_border` for the clamping modes (REPLICATE, CONSTANT): min and max, an int32
+    conversion and no branch, so a loop of them vectorises."""
+    return np.int32(min(max(p, 0), length - 1)), ((p >= 0) & (p < length)) | (mode == _REPLICATE)
 
 
 @njit(cache=True, error_model="numpy")
 def _border(p, length, mode):
     """(index, valid) of the integer-valued float tap `p` on an axis of `length` (§9.2 table)."""
     if mode == _REPLICATE or mode == _CONSTANT:
-        index, inside = _clamped(p, length)
-        return np.int64(index), inside or mode == _REPLICATE
+        index, valid = _clamped(p, length, mode)
+        return np.int64(index), valid
     if length == 1:
         return np.int64(0), True
     if mode == _WRAP:
@@ -113,12 +113,10 @@ def _pixel_taps(m, fx, fy, one, in_h, in_w, mode, clamps, base, sh, sw, ow, offs
     ys = ys if finite else fx - fx
     x0, y0 = np.floor(xs), np.floor(ys)
     if clamps:
-        c0, in_c0 = _clamped(x0, in_w)
-        c1, in_c1 = _clamped(x0 + one, in_w)
-        r0, in_r0 = _clamped(y0, in_h)
-        r1, in_r1 = _clamped(y0 + one, in_h)
-        replicate = mode == _REPLICATE
-        in_c0, in_c1, in_r0, in_r1 = in_c0 | replicate, in_c1 | replicate, in_r0 | replicate, in_r1 | replicate
+        c0, in_c0 = _clamped(x0, in_w, mode)
+        c1, in_c1 = _clamped(x0 + one, in_w, mode)
+        r0, in_r0 = _clamped(y0, in_h, mode)
+        r1, in_r1 = _clamped(y0 + one, in_h, mode)
     else:
         c0, in_c0 = _border(x0, in_w, mode)
         c1, in_c1 = _border(x0 + one, in_w, mode)
@@ -202,9 +200,10 @@ def _forward_loop(source, mats, images, coords, target, mode, border_val):
                     value = weights[0, ow] * _tap_value(src, k, offsets, 0, ow, border_val)
                     for j in range(1, 4):
                         value += weights[j, ow] * _tap_value(src, k, offsets, j, ow, border_val)
+                    # a point that is not finite has NaN weights: NaN, or border_val in CONSTANT
                     if mode == _CONSTANT and not math.isfinite(value):
-                        value = border_val  # also where the point is not finite (NaN weights)
-                    out[np.uint64(line + ow * ow_stride)] = value   # else NaN there
+                        value = border_val
+                    out[np.uint64(line + ow * ow_stride)] = value
 
 
 @ParallelLoop
@@ -337,13 +336,14 @@ def _tangent_mat_loop(source, mats, images, coords, tangents, mode, border_val, 
                       offsets, weights, points)
             fy = np.float64(coords[oh])
             for ow in range(out_w):
+                finite = _finite(weights, ow)
                 fx = np.float64(coords[ow])
                 d_xs, d_ys = _coordinate_partials(fx, fy, points[0, ow], points[1, ow], points[2, ow])
                 ax, ay = _fractions(points, ow)
                 pixel = n * on + oh * oh_stride + ow * ow_stride
                 for c in range(channels):
                     total = 0.0
-                    if _finite(weights, ow):
+                    if finite:
                         d_x, d_y = _slopes(src, c * sc, offsets, ow, ax, ay, border_val)
                         for j in range(9):
                             weight = np.float64(v[j])
