@@ -197,11 +197,11 @@ def _in_place_safe(graph: Graph, group: FusionGroup, value: int, out: int, root:
     o, v = graph[out].type, graph[value].type
     if v.dtype.itemsize != o.dtype.itemsize:
         return False
-    sharing = [i for i in group.inputs if root.get(i) == root[value]]
     node = graph[out]
     if group.nodes == (out,) and node.op.kind == "scatter":
         operands = [i for i in node.inputs if root.get(i) == root[value]]
         return operands == [value] and node.inputs[0] == value and _keeps_element_order(graph, value, root[value])
+    sharing = [i for i in group.inputs if root.get(i) == root[value]]
     return (group.kind in ("loop", "reduce")
             and all(graph[i].type.shape == o.shape and _keeps_element_order(graph, i, root[value]) for i in sharing)
             and all(graph[m].op.kind == "elementwise"
