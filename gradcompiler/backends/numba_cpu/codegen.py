@@ -69,8 +69,8 @@ from .scalar_ops import literal, numba_type_name, reduction_identity, scalar_exp
 
 COLUMN_BLOCK = 16
 """Rows of a float32 column sum accumulated in float32 before their float64 partials (module
-docstring); blocking needs at least four blocks of rows, so that the extra pass over the block
-partials is at most a quarter of a pass over the rows."""
+docstring). Each block costs one zeroing and one addition of a row of partials, an eighth of
+its rows' own work when full; a domain of fewer than four blocks of rows is left unblocked."""
 
 _COMBINE = {
     "SUM": "{a} + {b}",
