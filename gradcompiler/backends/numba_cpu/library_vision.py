@@ -267,47 +267,78 @@ def _add_finite_terms(total, g_dx, g_dy, fx, fy, xs, ys, den):
             total[j] += term
 
 
+@njit(cache=True, error_model="numpy")
+def _add_pixel_terms(total, sums, src, sc, channels, offsets, ow, g, pixel, gc, fx, fy, xs, ys, den,
+                     border_val):
+    """Pixel ow's channels one by one, as `_backward_mat_loop` takes a pixel with a non-finite
+    term: the finite channels' sums into sums[0:2, ow], the others term by term into total."""
+    inv = 1 / den
+    partials_bound = inv * (fx + fy + 1) * (1 + abs(xs) + abs(ys))
+    ax, ay = xs - np.floor(xs), ys - np.floor(ys)
+    sum_dx = sum_dy = 0.0
+    for c in range(channels):
+        d_x, d_y = _slopes(src, c * sc, offsets, ow, ax, ay, border_val)
+        value = np.float64(g[np.uint64(pixel + c * gc)])
+        g_dx = value * d_x  # g · ∂out/∂xs
+        g_dy = value * d_y  # g · ∂out/∂ys
+        if math.isfinite(g_dx + g_dy + partials_bound):   # NaN or inf anywhere
+            sum_dx += g_dx
+            sum_dy += g_dy
+        else:
+            _add_finite_terms(total, g_dx, g_dy, fx, fy, xs, ys, den)
+    sums[0, ow], sums[1, ow] = sum_dx, sum_dy
+
+
 @ParallelLoop
 def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val, out):
     """out[n] = Σ g·(∂out/∂xs·∂xs/∂m + ∂out/∂ys·∂ys/∂m), skipping non-finite terms.
 
-    Where every term of a pixel is finite (the usual case) its channels are
-    summed first and the nine partials applied once; otherwise the pixel
-    takes the term-by-term path. The partials are (a, b, c)·(fx, fy, 1) per
-    pixel, and fy is the row's, so a row sums only a, b, c and their products
-    with fx, in registers, and applies fy once.
+    A row at a time: every channel adds its g·∂out/∂xs and g·∂out/∂ys into
+    the row's `sums`, with a check sum of g·∂out/∂xs + g·∂out/∂ys + the
+    bound of the partials, which is finite only if every channel's term is
+    (a NaN or an infinity in any of them stays in the sum). Where the check
+    is finite (the usual case) the nine partials are applied to the sums
+    once; otherwise the pixel is redone a channel at a time
+    (`_add_pixel_terms`), so the sums are the same either way. The partials
+    are (a, b, c)·(fx, fy, 1) per pixel, and fy is the row's, so a row sums
+    only a, b, c and their products with fx, in registers, and applies fy
+    once.
     """
     src, (sn, sc, sh, sw), channels, in_h, in_w = source
     g, (gn, gc, gh, gw), _, out_h, out_w = upstream
     for n in prange(mats.shape[0]):
         offsets, weights, points = _row_buffers(out_w)
+        sums = np.empty((4, out_w))   # Σ g·∂out/∂xs, Σ g·∂out/∂ys, the check, the bound
         total = np.zeros(9)
         for oh in range(out_h):
             _row_taps(mats[n], oh, coords, in_h, in_w, mode, images[n] * sn, sh, sw,
                       offsets, weights, points)
             fy = np.float64(coords[oh])
+            for ow in range(out_w):
+                fx, xs, ys = np.float64(coords[ow]), points[0, ow], points[1, ow]
+                sums[0, ow] = sums[1, ow] = sums[2, ow] = 0.0
+                sums[3, ow] = 1 / points[2, ow] * (fx + fy + 1) * (1 + abs(xs) + abs(ys))
+            for c in range(channels):
+                k, line = c * sc, n * gn + c * gc + oh * gh
+                for ow in range(out_w):
+                    ax, ay = _fractions(points, ow)
+                    d_x, d_y = _slopes(src, k, offsets, ow, ax, ay, border_val)
+                    value = np.float64(g[np.uint64(line + ow * gw)])
+                    g_dx, g_dy = value * d_x, value * d_y
+                    sums[0, ow] += g_dx
+                    sums[1, ow] += g_dy
+                    sums[2, ow] += g_dx + g_dy + sums[3, ow]
             a_sum = a_fx = b_sum = b_fx = c_sum = c_fx = 0.0
             for ow in range(out_w):
                 if not _finite(weights, ow):
                     continue
                 fx, xs, ys, den = np.float64(coords[ow]), points[0, ow], points[1, ow], points[2, ow]
+                if not math.isfinite(sums[2, ow]):
+                    _add_pixel_terms(total, sums, src, sc, channels, offsets, ow, g, n * gn + oh * gh + ow * gw,
+                                     gc, fx, fy, xs, ys, den, border_val)
                 inv = 1 / den
-                partials_bound = inv * (fx + fy + 1) * (1 + abs(xs) + abs(ys))
-                ax, ay = _fractions(points, ow)
-                sum_dx = sum_dy = 0.0
-                pixel = n * gn + oh * gh + ow * gw
-                for c in range(channels):
-                    d_x, d_y = _slopes(src, c * sc, offsets, ow, ax, ay, border_val)
-                    value = np.float64(g[np.uint64(pixel + c * gc)])
-                    g_dx = value * d_x  # g · ∂out/∂xs
-                    g_dy = value * d_y  # g · ∂out/∂ys
-                    if math.isfinite(g_dx + g_dy + partials_bound):   # NaN or inf anywhere
-                        sum_dx += g_dx
-                        sum_dy += g_dy
-                    else:
-                        _add_finite_terms(total, g_dx, g_dy, fx, fy, xs, ys, den)
-                a, b = sum_dx * inv, sum_dy * inv
-                c_ = -(sum_dx * xs + sum_dy * ys) * inv
+                a, b = sums[0, ow] * inv, sums[1, ow] * inv
+                c_ = -(sums[0, ow] * xs + sums[1, ow] * ys) * inv
                 a_sum, a_fx = a_sum + a, a_fx + a * fx
                 b_sum, b_fx = b_sum + b, b_fx + b * fx
                 c_sum, c_fx = c_sum + c_, c_fx + c_ * fx
