@@ -16,10 +16,10 @@ branch-free and LLVM vectorises it; the periodic modes call `_border` per
 tap. Measured on the (32, 3, 64, 64) spatial_transformer warp against one
 `_sample` call per pixel and channel loop: forward 1.8 against 2.9 ms,
 BackwardData 1.7 against 3.0, BackwardMat 2.9 against 3.6 (medians,
-interleaved), and 0.78-0.91x of that since its channels add into the row's
-sums a row at a time instead of a pixel at a time. Inlining the row into each loop keeps the vectorisation (the
-fresh scratch arrays cannot alias) and costs 7-10 s of compile per loop
-(`_border` stays a call: inlining it too doubled that).
+interleaved), then 0.78-0.91x of that with its channels added into the
+row's sums a row at a time. Inlining the row into each loop keeps the
+vectorisation (the fresh scratch arrays cannot alias) and costs 7-10 s of
+compile per loop (`_border` stays a call: inlining it too doubled that).
 
 * Forward: parallel over blocks of output rows.
 * BackwardData (scatter-add into the source gradient): parallel over
@@ -269,13 +269,14 @@ def _add_finite_terms(total, g_dx, g_dy, fx, fy, xs, ys, den):
 
 
 @njit(cache=True, error_model="numpy")
-def _add_pixel_terms(total, sums, src, sc, channels, offsets, ow, g, pixel, gc, fx, fy, xs, ys, den,
+def _add_pixel_terms(total, sums, src, sc, channels, offsets, points, ow, g, pixel, gc, fx, fy,
                      border_val):
     """Pixel ow's channels one by one, as `_backward_mat_loop` takes a pixel with a non-finite
-    term: the finite channels' sums into sums[0:2, ow], the others term by term into total."""
-    inv = 1 / den
-    partials_bound = inv * (fx + fy + 1) * (1 + abs(xs) + abs(ys))
-    ax, ay = xs - np.floor(xs), ys - np.floor(ys)
+    term: the finite channels' sums into sums[0:2, ow], the others term by term into total
+    (sums[3, ow] holds the pixel's bound of the partials)."""
+    xs, ys, den = points[0, ow], points[1, ow], points[2, ow]
+    partials_bound = sums[3, ow]
+    ax, ay = _fractions(points, ow)
     sum_dx = sum_dy = 0.0
     for c in range(channels):
         d_x, d_y = _slopes(src, c * sc, offsets, ow, ax, ay, border_val)
@@ -335,8 +336,8 @@ def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val,
                     continue
                 fx, xs, ys, den = np.float64(coords[ow]), points[0, ow], points[1, ow], points[2, ow]
                 if not math.isfinite(sums[2, ow]):
-                    _add_pixel_terms(total, sums, src, sc, channels, offsets, ow, g, n * gn + oh * gh + ow * gw,
-                                     gc, fx, fy, xs, ys, den, border_val)
+                    _add_pixel_terms(total, sums, src, sc, channels, offsets, points, ow, g,
+                                     n * gn + oh * gh + ow * gw, gc, fx, fy, border_val)
                 inv = 1 / den
                 a, b = sums[0, ow] * inv, sums[1, ow] * inv
                 c_ = -(sums[0, ow] * xs + sums[1, ow] * ys) * inv
