@@ -385,10 +385,7 @@ class _Writer:
         self.emit(1, f"hi = (c + 1) * {n0} // nchunks")
         for plan in self.plans:
             if plan.cross and plan.combine:
-                size = self._kept_size(plan)
-                self.emit(1, f"for t{plan.index} in range({size}):")
-                self.emit(2, f"{_at(f'q{plan.index}', f'c * {size} + t{plan.index}')} = "
-                             f"{reduction_identity(plan.red.mode, plan.wide)}")
+                self._over_partials(1, plan, "{q} = " + reduction_identity(plan.red.mode, plan.wide))
             if plan.register_level == 0:
                 self.emit(1, f"a{plan.index} = {reduction_identity(plan.red.mode, plan.wide)}")
 
@@ -417,7 +414,8 @@ class _Writer:
         self.emit(1, "return None")
 
     def _over_partials(self, depth: int, plan: _ReductionPlan, body: str) -> None:
-        """`body` over this chunk's partials of a column-blocked sum, `{q}` and `{e}` the elements."""
+        """`body` over this chunk's per-thread partials of a column sum: `{q}` the element, and
+        `{e}` its block partial (`column_block` only)."""
         size, r = self._kept_size(plan), plan.index
         flat = f"c * {size} + t{r}"
         self.emit(depth, f"for t{r} in range({size}):")
