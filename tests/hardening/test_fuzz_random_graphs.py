@@ -171,52 +171,75 @@ def test_each_recipe_against_finite_differences(recipe):
 def float64_distance(graph, outputs, feeds, expected) -> list[float | None]:
     """For each float output, ROUNDING × the largest distance from a float64 run of the same
     graph of the float32 reference (float32 outputs) or of a float64 run with a rounding's
-    worth of noise added to every value in its own dtype (`noisy_run`): how much rounding the
-    graph amplifies in it. One figure per output, not per element: every element goes through
-    the same arithmetic, and where it cancels (a·b + c·d of terms far larger than the result)
-    another order of the same operations lands as far from the exact value as the reference's
-    worst element does, even where the reference happened to land on it. The noisy run covers
-    the cancellations the reference computes exactly (it sums in float64): the gradient of a
-    softmax's sum is s·(1 − Σs), zero for the reference, the rounding of Σs in another order.
-    None for the other outputs."""
+    worth of error added to every value in its own dtype (`perturbed_runs`): how much rounding
+    the graph amplifies in it. One figure per output, not per element: every element goes
+    through the same arithmetic, and where it cancels (a·b + c·d of terms far larger than the
+    result) another order of the same operations lands as far from the exact value as the
+    reference's worst element does, even where the reference happened to land on it. The
+    perturbed runs cover the cancellations the reference computes exactly: the gradient of a
+    softmax's sum is s·(1 − Σs), zero for the reference, the rounding of Σs in another order;
+    a filter gradient that sums a symmetric ramp is exactly 0 in the reference and 4 ulps of
+    the ramp compiled. None for the other outputs."""
     wide, mapping = as_float64(graph)
     wide_feeds = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in feeds.items()}
     wide_outputs = [mapping[t.id] for t in outputs]
     exact = run_graph(wide, wide_outputs, wide_feeds)
     half_ulp = {mapping[i]: float(np.finfo(node.type.dtype).eps) / 2
                 for i, node in graph.nodes.items() if node.type.dtype.kind == "f"}
-    noisy = noisy_run(wide, wide_outputs, wide_feeds, half_ulp,
-                      np.random.default_rng(zlib.crc32(repr(feeds).encode())))
+    rng = np.random.default_rng(zlib.crc32(repr(feeds).encode()))
+    runs = perturbed_runs(wide, wide_outputs, wide_feeds, half_ulp, rng)
     distances = []
-    for want, wide_want, noisy_want in zip(expected, exact, noisy):
+    for index, (want, wide_want) in enumerate(zip(expected, exact)):
         if want.dtype.kind != "f":
             distances.append(None)
             continue
         with np.errstate(invalid="ignore"):
-            distance = np.abs(noisy_want - wide_want)
+            distance = np.zeros(want.shape)
+            for run in runs:
+                distance = np.fmax(distance, np.abs(run[index] - wide_want))
             if want.dtype == np.float32:
                 distance = np.fmax(distance, np.abs(want - wide_want))
         distances.append(ROUNDING * float(np.where(np.isfinite(distance), distance, 0.0).max(initial=0.0)))
     return distances
 
 
-def noisy_run(graph, outputs, feeds, half_ulp: dict[int, float], rng) -> list[np.ndarray]:
-    """`run_graph` of a float64 graph in which the value of each node of `half_ulp` takes a
-    random relative error of up to that much as it is computed: the rounding of the dtype the
-    node has in the original graph."""
+def perturbed_runs(graph, outputs, feeds, half_ulp: dict[int, float], rng) -> list[list[np.ndarray]]:
+    """Three `run_graph`s of a float64 graph in which the value of each node of `half_ulp`
+    moves by that much relative error as it is computed (the rounding of the dtype the node
+    has in the original graph): every value up, every value down, and each by a random
+    fraction of it. A single random draw is no bound where the output cancels: the 18 errors
+    of a sum that is exactly 0 cancel too, often enough to fail a CI run now and then (a
+    filter gradient did), whereas moving every term the same way adds their errors.
+
+    The move is computed so that it survives rounding: a float64 value moved by half its own
+    ulp rounds back to itself, so it takes at least one ulp (`np.nextafter`)."""
     needed = graph.ancestors(outputs)
-    values: dict[int, np.ndarray] = {}
-    for node_id in graph.topo_order(needed):
-        node = graph[node_id]
-        if isinstance(node.op, Placeholder):
-            values[node_id] = np.asarray(feeds[node.op.feed_name])
-            continue
-        value = np.asarray(node.op.reference(*(values[i] for i in node.inputs)))
-        if node_id in half_ulp and value.dtype.kind == "f":
-            noise = half_ulp[node_id]
-            value = value * (1 + rng.uniform(-noise, noise, value.shape))
-        values[node_id] = value
-    return [values[o] for o in outputs]
+    runs = []
+    for direction in (1.0, -1.0, None):
+        values: dict[int, np.ndarray] = {}
+        for node_id in graph.topo_order(needed):
+            node = graph[node_id]
+            if isinstance(node.op, Placeholder):
+                values[node_id] = np.asarray(feeds[node.op.feed_name])
+                continue
+            value = np.asarray(node.op.reference(*(values[i] for i in node.inputs)))
+            if node_id in half_ulp and value.dtype.kind == "f":
+                fraction = rng.uniform(-1.0, 1.0, value.shape) if direction is None else direction
+                value = moved(value, fraction * half_ulp[node_id])
+            values[node_id] = value
+        runs.append([values[o] for o in outputs])
+    return runs
+
+
+def moved(value: np.ndarray, relative: np.ndarray | float) -> np.ndarray:
+    """`value` × (1 + `relative`), but never rounded back onto `value` where `relative` ≠ 0:
+    a move below the value's own ulp takes the neighbouring float in its direction."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        target = value * (1 + relative)
+        toward = np.where(np.sign(value * relative) >= 0, np.inf, -np.inf)
+        neighbour = np.nextafter(value, toward)
+        stuck = (target == value) & (relative != 0) & (value != 0) & np.isfinite(value)
+        return np.where(stuck, neighbour, target)
 
 
 def assert_matches_reference(case, outputs, feeds, got) -> None:
@@ -340,3 +363,28 @@ def test_the_float32_bound_catches_a_small_gradient_that_is_zero_or_ten_times_wr
     for wrong in (0.0, 1e-4):
         with pytest.raises(AssertionError, match="out of tolerance"):
             assert_close(np.array([1.0, -0.5, wrong], np.float32), want, rtol=rtol, scaled_atol=scaled_atol)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_the_rounding_bound_covers_an_output_the_reference_cancels_to_zero(target):
+    """The case CI's fuzz drew (seed 221720617464937054525986735177907191092): a float64
+    filter gradient that sums a symmetric ramp, exactly 0 in the reference at every element,
+    −8.9e-16 compiled (4 ulps of its terms, summed in another order). A scale taken from the
+    output itself is 0 there, and moving each value by half its own float64 ulp rounded back
+    onto it, so the bound was 0; the perturbed runs bound it by the rounding of its terms,
+    and a gradient 1e-12 off (still tiny beside them) fails."""
+    with gc.Graph("cancelling") as graph:
+        p = gc.param("p", (2, 1, 3, 3), "float64")
+        w = gc.param("w", (2, 1, 2, 1), "float64")
+        image = p + gc.constant(np.linspace(-1.0, 1.0, 18).reshape(2, 1, 3, 3))
+        out = gc.conv2d(image, w, padding=1)
+    feeds = {"p": np.zeros((2, 1, 3, 3)), "w": np.random.default_rng(5).standard_normal((2, 1, 2, 1))}
+    case = SimpleNamespace(graph=graph, outputs=[out], wrt=[w], feeds=feeds)
+    (filter_gradient,) = gc.grad(out.sum(), [w])
+    (want,) = gc.evaluate([filter_gradient], feeds)
+    assert not want.any()
+    (bound,) = float64_distance(graph, [filter_gradient], feeds, [want])
+    assert 1e-15 < bound < 1e-12
+    run_compiled(case, target)
+    with pytest.raises(AssertionError, match="out of tolerance"):
+        assert_matches_reference(case, [filter_gradient], feeds, [want + 1e-12])
