@@ -62,3 +62,31 @@ def test_nan_wins_and_inf_compares_as_usual(target, mode):
         assert np.isnan(w).any(), f"output {k}: the oracle has no NaN, the test checks nothing"
         np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"output {k}: NaN positions")
         np.testing.assert_allclose(g, w, rtol=1e-6, equal_nan=True, err_msg=f"output {k}")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_row_helpers_halve_to_numpys_max_and_min(dtype):
+    """`max_row` and `min_row` reduce a row by halving it in place (rowreduce): every length
+    around the halving's boundaries (odd lengths leave a middle value standing) and long
+    rows, with NaN and ±inf at the first, middle and last positions, against numpy; an
+    empty row gives the initial value."""
+    from gradcompiler.backends.numba_cpu.rowreduce import max_row, min_row
+
+    rng = np.random.default_rng(11)
+    floating = np.dtype(dtype).kind == "f"
+    low, high = (-np.inf, np.inf) if floating else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+    for n in [*range(0, 70), 1000, 2049]:
+        rows = [rng.integers(-1000, 1000, n).astype(dtype)]
+        if floating and n:
+            for position in {0, n // 2, n - 1}:
+                for special in (np.nan, np.inf, -np.inf):
+                    row = rows[0].copy()
+                    row[position] = special
+                    rows.append(row)
+        for row in rows:
+            padded = np.concatenate([np.full(3, 7, dtype), row])  # the row starts at an offset
+            for helper, reduce, init in ((max_row, np.max, low), (min_row, np.min, high)):
+                want = reduce(row, initial=init) if n else init
+                got = helper(padded.copy(), 3, n, np.dtype(dtype).type(init))
+                np.testing.assert_array_equal(got, want, err_msg=f"{helper.__name__} of {row!r}")

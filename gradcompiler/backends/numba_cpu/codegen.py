@@ -134,8 +134,8 @@ def _plan_reduction(index: int, red: Reduction, dtype, phase: int, domain: tuple
                     reassociate: bool) -> _ReductionPlan:
     rank = len(domain)
     axes = set(red.axes)
-    # MAX and MIN always reduce a row buffer: their helpers keep a NaN met on the way in a
-    # second select, which vectorises; a register chain that tests for NaN does not
+    # MAX and MIN always reduce a row buffer: their helpers halve it in place, which
+    # vectorises; a register chain that tests for NaN does not
     register_row = reassociate and red.mode in ("SUM", "PRODUCT")
     row = ("register" if register_row else "buffer") if rank >= 2 and rank - 1 in axes else None
     level = rank - 2 if row else rank - 1
