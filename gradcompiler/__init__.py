@@ -13,6 +13,11 @@ from importlib import metadata as _metadata
 # first parallel loop of the process starts its pool, so it is set on import,
 # before any Numba code (ours, or a user's) can start that pool.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenBLAS's idle threads spin for 2^28 cycles (about 0.1 s) after each threaded product,
+# sharing a core with the parallel loop that follows it; 2^20 (about 0.3 ms) still keeps
+# them awake between back-to-back products. OpenBLAS reads this when it is loaded, so it
+# takes effect only where numpy is imported after gradcompiler (numba_cpu module docstring).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 from . import (
     errors,  # noqa: E402,F401

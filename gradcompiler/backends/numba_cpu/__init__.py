@@ -19,7 +19,16 @@ before Numba can start its OpenMP pool): a
 step alternates our parallel loops with BLAS calls, and OpenMP threads that
 spin after a loop take the cores from the BLAS threads, and the other way
 round. On a busy 2-core machine that made the mlp step 25× slower; on an
-idle one passive waiting costs nothing measurable.
+idle one passive waiting costs nothing measurable. OpenBLAS's threads spin
+too, for 2^28 cycles after each threaded product by default: a parallel
+loop right after a GEMM then shares a core with a spinning thread (a
+130 µs loop took 530 µs, 360 µs without the spin), and the gpt step took
+375 ms median against 320 ms with the spin cut to 2^20 cycles
+(`OPENBLAS_THREAD_TIMEOUT=20`, also set on import, for OpenBLAS to read when
+numpy loads it: about 0.3 ms, which keeps the threads awake between the
+mlp step's back-to-back products; at 2^4 they slept at once, and the mlp
+step lost the time it took to wake them). Medians of alternated processes,
+this 2-core machine, 2026-12-02.
 """
 
 from __future__ import annotations
