@@ -27,7 +27,11 @@ How roots share loops (`FusedLoop`): roots are visited in topological
 order; a root joins an earlier loop over the same iteration domain (the
 shape it is computed over; a reduction's domain is its input's shape) when
 that loop reads a buffer it reads too, or produces a value it needs, and
-joining creates no cycle between kernels. A loop runs in *phases*, one
+joining creates no cycle between kernels. A one-element buffer (a learning
+rate, a step count) is no reason to join: it is one load per kernel either
+way, and a loop that took every update sharing a learning rate streamed
+dozens of arrays at once (an AdamW step's eighteen 256×256 updates ran 3.5×
+slower in one loop than in one loop each). A loop runs in *phases*, one
 after another for each index `i0` of the outermost axis. A root that needs
 a value the same loop produced joins a later phase, if it reads that value
 only in row `i0` (a row mean, a normalised row) and the value is not a
@@ -315,12 +319,19 @@ class _Planner:
         else:
             self._add_root(node_id)
 
+    def _worth_sharing(self, value: int) -> bool:
+        """Whether two loops reading `value` gain by being one: not for one element (module
+        docstring); such a value indexes no loop (`loop_readers`), so the loops of every
+        update that reads one learning rate are never all candidates of the next."""
+        return self.graph[value].type.size > 1
+
     def _candidates(self, cone: _ConeReads, domain: tuple[int, ...]) -> list[int]:
         """The loops over `domain` that produce or read a value the cone reads, by index: only
         these can share a read with it (`_fit`), so no other group needs looking at."""
         found = set()
         for d in cone.reads:
-            found |= self.loop_readers.get(d, set())
+            if self._worth_sharing(d):
+                found |= self.loop_readers.get(d, set())
             if d in self.producer:
                 found.add(self.producer[d])
         self.work.nodes_visited += len(found)
@@ -356,7 +367,8 @@ class _Planner:
             if d in group.phase:
                 continue
             group.reads.setdefault(d, set()).update(where)
-            self.loop_readers.setdefault(d, set()).add(index)
+            if self._worth_sharing(d):
+                self.loop_readers.setdefault(d, set()).add(index)
             if self.producer.get(d, index) != index:
                 self.dag.add_edge(self.producer[d], index)
         self.producer[root] = index
@@ -366,7 +378,7 @@ class _Planner:
 
         Cheap test first (does it share anything?), the cycle test last.
         """
-        shared = sum(1 for d in cone.reads if d in group.phase or d in group.reads)
+        shared = sum(1 for d in cone.reads if d in group.phase or (d in group.reads and self._worth_sharing(d)))
         if not shared:
             return None
         phase = 0
