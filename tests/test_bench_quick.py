@@ -106,6 +106,16 @@ def test_timer_counts_every_step():
     assert timing["min_s"] <= timing["median_s"] <= timing["max_s"]
 
 
+def test_alternated_timer_takes_the_contenders_in_turn():
+    """Contenders compared by a ratio (the memory budgets' steps) are timed one call of
+    each per round, so that the machine's drift falls on both alike."""
+    calls = []
+    timings = suite.time_alternated([lambda: calls.append("a"), lambda: calls.append("b")],
+                                    steps=4, warmup=2)
+    assert calls == ["a", "b"] * 6
+    assert [t["steps"] for t in timings] == [4, 4] and [t["warmup"] for t in timings] == [2, 2]
+
+
 def test_unknown_names_are_rejected():
     with pytest.raises(ValueError, match="unknown workload"):
         suite.run_suite(["nope"], quick=True, log=None)

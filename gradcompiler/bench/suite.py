@@ -104,15 +104,24 @@ def compile_step(work: Workload, target: str, memory_budget: float | None = None
 
 def time_calls(run: Callable[[], Any], steps: int, warmup: int) -> dict[str, float]:
     """Median, min and max seconds of `steps` calls of `run` after `warmup` untimed ones."""
+    return time_alternated([run], steps, warmup)[0]
+
+
+def time_alternated(runs: Sequence[Callable[[], Any]], steps: int, warmup: int) -> list[dict[str, float]]:
+    """`time_calls` of each of `runs`, their calls taken in turn (one of each per round):
+    this machine's speed drifts by a fifth and more within a minute, and contenders timed
+    one after the other would be compared across that drift, turns within it."""
     for _ in range(warmup):
-        run()
-    times = []
+        for run in runs:
+            run()
+    times: list[list[float]] = [[] for _ in runs]
     for _ in range(steps):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return dict(median_s=statistics.median(times), min_s=min(times), max_s=max(times),
-                steps=steps, warmup=warmup)
+        for run, taken in zip(runs, times):
+            start = time.perf_counter()
+            run()
+            taken.append(time.perf_counter() - start)
+    return [dict(median_s=statistics.median(t), min_s=min(t), max_s=max(t), steps=steps, warmup=warmup)
+            for t in times]
 
 
 def _failure(err: BaseException) -> dict[str, Any]:
@@ -203,9 +212,10 @@ def measure_compiled(work: Workload, feeds: dict, oracle: list[np.ndarray], targ
 def measure_budgets(work: Workload, feeds: dict, oracle: list[np.ndarray], target: str,
                     steps: int, warmup: int) -> dict[str, dict[str, Any]]:
     """Per memory budget of BUDGETS: the planned peak (bytes, and its fraction of the
-    default plan's) and the checked, timed step; "unmet" with the smallest peak any plan
-    reached where the planner cannot meet the budget."""
-    measured = {}
+    default plan's) and the checked step, the budgets' steps timed in turn
+    (`time_alternated`: their ratio is the figure that matters); "unmet" with the smallest
+    peak any plan reached where the planner cannot meet the budget."""
+    measured, runs = {}, {}
     for budget in BUDGETS:
         try:
             step = compile_step(work, target, memory_budget=budget)
@@ -222,10 +232,14 @@ def measure_budgets(work: Workload, feeds: dict, oracle: list[np.ndarray], targe
                      peak_fraction=peak / remat.default_peak, recomputed=len(remat.recomputed),
                      segments=remat.segments)
         try:
-            entry = {**_run_and_check(work, step, feeds, oracle, target, steps, warmup), **entry}
+            run = step_runner(work, step, feeds, target)
+            entry = {"status": "ok", **checked(work.name, materialise(run()), oracle), **entry}
+            runs[str(budget)] = run
         except Exception as err:  # noqa: BLE001
             entry = {**_failure(err), **entry}
         measured[str(budget)] = entry
+    for budget, timing in zip(runs, time_alternated(list(runs.values()), steps, warmup)):
+        measured[budget] = {"status": "ok", **timing, **measured[budget]}
     return measured
 
 
