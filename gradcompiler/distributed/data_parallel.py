@@ -42,6 +42,9 @@ and refuses later steps. It does not restart the worker: a death after the
 last chunk left it but before its own update would leave survivors a step
 ahead, so a restart needs a per-step checkpoint, a copy of the state every step;
 training resumes from a saved state through a new DataParallel instead.
+Ray 2.60 itself can abort the driver when a worker dies while ring tasks for it
+wait on their arguments (a reference-counting check in its core worker,
+ray-project/ray#55134); a death between steps is told as WorkerLostError.
 
 Every `check_every` steps the workers hash their state (parameters, slots,
 step count) and the driver compares the digests: the ring makes replicas

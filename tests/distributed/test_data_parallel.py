@@ -5,6 +5,8 @@ killed worker stops training with an error naming it and the step; bad input is 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -122,6 +124,24 @@ def test_float32_two_uneven_shards_match_one_process(trainer32):
                 rtol=1e-5)
 
 
+def wait_until_dead(ray, actor, seconds: float = 60.0) -> None:
+    """Return once the driver knows `actor` is dead. Ray tells it asynchronously: a step
+    submitted before then queues ring tasks for the dead worker whose arguments are still
+    resolving, and failing those when the news comes trips a reference-counting check in
+    Ray 2.60's core worker that aborts the driver, pytest with it (a CI run of 2026-12-02:
+    `submitted_task_ref_count > 0` in reference_counter.cc, the double release that
+    ray-project/ray#55134 describes for ray.cancel). Tasks for an actor known dead fail when
+    submitted, before their arguments resolve."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.checksum.remote(), timeout=seconds)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the killed worker still answers after {seconds} s")
+
+
 def test_a_killed_worker_stops_training_naming_it_and_the_step(trainer32, ray_local):
     dp, *_ = trainer32
     state = dp.init(initial("float32"))
@@ -129,6 +149,7 @@ def test_a_killed_worker_stops_training_naming_it_and_the_step(trainer32, ray_lo
     dp(state, **data[0])
     dp(state, **data[1])
     ray_local.kill(dp.workers[1])
+    wait_until_dead(ray_local, dp.workers[1])
     with pytest.raises(WorkerLostError, match=r"worker 1 of 2 died during step 3"):
         dp(state, **data[2])
     with pytest.raises(WorkerLostError, match=r"worker 1 of 2 died during step 3"):
