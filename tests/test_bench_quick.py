@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -114,6 +115,25 @@ def test_alternated_timer_takes_the_contenders_in_turn():
                                     steps=4, warmup=2)
     assert calls == ["a", "b"] * 6
     assert [t["steps"] for t in timings] == [4, 4] and [t["warmup"] for t in timings] == [2, 2]
+
+
+def test_a_budget_step_failing_while_timed_is_recorded_and_the_suite_goes_on(monkeypatch):
+    """The budgets' steps are timed together: an error in that timing is each one's failure,
+    next to its planned peak, not an exception out of the suite."""
+    remat = SimpleNamespace(default_peak=100, recomputed=[1], segments=2)
+    step = SimpleNamespace(executable=SimpleNamespace(context=SimpleNamespace(remat=remat),
+                                                      memory=SimpleNamespace(peak_bytes=40)))
+    monkeypatch.setattr(suite, "compile_step", lambda *args, **kwargs: step)
+
+    def run():
+        raise RuntimeError("worker lost")
+
+    monkeypatch.setattr(suite, "_checked_runner", lambda *args: (run, {"correct": True}))
+    measured = suite.measure_budgets(SimpleNamespace(name="gpt"), {}, [], "cpu", steps=2, warmup=0)
+    assert list(measured) == [str(b) for b in suite.BUDGETS]
+    for entry in measured.values():
+        assert entry["status"] == "failed" and "worker lost" in entry["error"]
+        assert entry["planned_peak_bytes"] == 40 and entry["peak_fraction"] == 0.4
 
 
 def test_unknown_names_are_rejected():

@@ -193,11 +193,17 @@ def _train_runner(work: Workload, step, feeds: dict, target: str) -> Callable[[]
     return run
 
 
+def _checked_runner(work: Workload, step, feeds: dict, oracle: list[np.ndarray],
+                    target: str) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """The step's runner, and its first call checked against the oracle."""
+    run = step_runner(work, step, feeds, target)
+    return run, checked(work.name, materialise(run()), oracle)
+
+
 def _run_and_check(work: Workload, step, feeds: dict, oracle: list[np.ndarray], target: str,
                    steps: int, warmup: int) -> dict[str, Any]:
     """The first call checked against the oracle, then the timing."""
-    run = step_runner(work, step, feeds, target)
-    verdict = checked(work.name, materialise(run()), oracle)
+    run, verdict = _checked_runner(work, step, feeds, oracle, target)
     return dict(status="ok", **time_calls(run, steps, warmup), **verdict)
 
 
@@ -232,14 +238,17 @@ def measure_budgets(work: Workload, feeds: dict, oracle: list[np.ndarray], targe
                      peak_fraction=peak / remat.default_peak, recomputed=len(remat.recomputed),
                      segments=remat.segments)
         try:
-            run = step_runner(work, step, feeds, target)
-            entry = {"status": "ok", **checked(work.name, materialise(run()), oracle), **entry}
-            runs[str(budget)] = run
+            runs[str(budget)], verdict = _checked_runner(work, step, feeds, oracle, target)
+            entry = {"status": "ok", **verdict, **entry}
         except Exception as err:  # noqa: BLE001
             entry = {**_failure(err), **entry}
         measured[str(budget)] = entry
-    for budget, timing in zip(runs, time_alternated(list(runs.values()), steps, warmup)):
-        measured[budget] = {"status": "ok", **timing, **measured[budget]}
+    try:
+        timings = time_alternated(list(runs.values()), steps, warmup)
+    except Exception as err:  # noqa: BLE001 - recorded for every budget timed, the suite goes on
+        timings = [_failure(err)] * len(runs)
+    for budget, timing in zip(runs, timings):
+        measured[budget].update(timing)
     return measured
 
 

@@ -242,13 +242,11 @@ class _Writer:
         """ROW_GROUP where a column-sum block may take that many rows per pass: a rank-2 kernel of
         one phase whose reductions are all SUMs over axis 0 (a register or partials, never
         a row of its own), else 1."""
-        if self.rank != 2 or len(self.kernel.phases) != 1 or not any(p.column_block for p in self.plans):
-            return 1
-        if any(p.role == "row" for p in self.kernel.params):
-            return 1
-        if all(p.cross and p.red.mode == "SUM" and p.row != "buffer" for p in self.plans):
-            return ROW_GROUP
-        return 1
+        grouped = (self.rank == 2 and len(self.kernel.phases) == 1
+                   and any(p.column_block for p in self.plans)
+                   and not any(p.role == "row" for p in self.kernel.params)
+                   and all(p.cross and p.red.mode == "SUM" and p.row != "buffer" for p in self.plans))
+        return ROW_GROUP if grouped else 1
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
