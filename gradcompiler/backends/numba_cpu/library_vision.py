@@ -18,8 +18,14 @@ tap. Measured on the (32, 3, 64, 64) spatial_transformer warp against one
 BackwardData 1.7 against 3.0, BackwardMat 2.9 against 3.6 (medians,
 interleaved), then 0.78-0.91x of that with its channels added into the
 row's sums a row at a time. Inlining the row into each loop keeps the
-vectorisation (the fresh scratch arrays cannot alias) and costs 7-10 s of
+vectorisation (the fresh scratch arrays cannot alias) and costs 7-12 s of
 compile per loop (`_border` stays a call: inlining it too doubled that).
+
+Only CONSTANT mode has border taps, so the forward and BackwardMat loops
+run each channel's row through one of two inlined copies, with and without
+the border check (`_tap_value`). With that and `_clamped` written without
+`min` and `max`, the spatial_transformer step took 0.88x its time before
+(medians of 60 steps each, alternated in one process, twice).
 
 * Forward: parallel over blocks of output rows.
 * BackwardData (scatter-add into the source gradient): parallel over
@@ -64,9 +70,13 @@ _REPLICATE, _REFLECT, _REFLECT_101, _WRAP, _CONSTANT = range(5)
 
 @njit(inline="always", cache=True, error_model="numpy")
 def _clamped(p, length, mode):
-    """`_border` for the clamping modes (REPLICATE, CONSTANT): min and max, an int32
-    conversion and no branch, so a loop of them vectorises."""
-    return np.int32(min(max(p, 0), length - 1)), ((p >= 0) & (p < length)) | (mode == _REPLICATE)
+    """`_border` for the clamping modes (REPLICATE, CONSTANT): two selects, an int32
+    conversion and no branch, so a loop of them vectorises. Not the builtins `min` and
+    `max`: Numba calls them as functions that LLVM inlines only after its vectoriser has
+    run, so the loop stayed scalar (a row's taps 22 → 8 ns a pixel without them)."""
+    last = length - 1
+    clamped = 0 if p < 0 else (last if p > last else p)
+    return np.int32(clamped), ((p >= 0) & (p < length)) | (mode == _REPLICATE)
 
 
 @njit(cache=True, error_model="numpy")
@@ -90,10 +100,12 @@ def _border(p, length, mode):
 def _row_buffers(width):
     """Scratch for `_row_taps`, per pixel of a row: the `offsets` and `weights` of its four
     taps (00, 01, 10, 11) and its `points` (xs, ys, den). An offset is −1 where the tap reads
-    border_val (outside the image, or the point not finite) and the weights are NaN where
-    the point is not finite (`_finite`): three arrays, few enough for LLVM to vectorise the
-    loop that fills them (a fourth, of flags, stopped it). Unpack the tuple where it is made
-    and pass the arrays: Numba's parallel loops mishandle a tuple of arrays handed on whole."""
+    border_val (outside the image, so only in CONSTANT mode); the weights are NaN where the
+    point is not finite (`_finite`), whose offsets are those of the point (0, 0), so every
+    other mode reads every tap without a check. Three arrays, few enough for LLVM to
+    vectorise the loop that fills them (a fourth, of flags, stopped it). Unpack the tuple
+    where it is made and pass the arrays: Numba's parallel loops mishandle a tuple of arrays
+    handed on whole."""
     return np.empty((4, width), np.int64), np.empty((4, width), np.float64), np.empty((3, width), np.float64)
 
 
@@ -128,7 +140,6 @@ def _pixel_taps(m, fx, fy, one, in_h, in_w, mode, clamps, base, sh, sw, ow, offs
     weights[0, ow], weights[1, ow] = (1 - ax) * (1 - ay), ax * (1 - ay)
     weights[2, ow], weights[3, ow] = (1 - ax) * ay, ax * ay
     row0, row1 = base + np.int64(r0) * sh, base + np.int64(r1) * sh
-    in_r0, in_r1 = in_r0 & finite, in_r1 & finite
     offsets[0, ow] = row0 + np.int64(c0) * sw if in_r0 & in_c0 else -1
     offsets[1, ow] = row0 + np.int64(c1) * sw if in_r0 & in_c1 else -1
     offsets[2, ow] = row1 + np.int64(c0) * sw if in_r1 & in_c0 else -1
@@ -160,11 +171,15 @@ def _finite(weights, ow):
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _tap_value(src, k, offsets, j, ow, border_val):
+def _tap_value(src, k, offsets, j, ow, border_val, constant):
     """Tap j of pixel ow in the channel at offset `k`: the image there, or border_val (read
-    at offset k instead, a pixel of the image, so the load needs no branch)."""
+    at offset k instead, a pixel of the image, so the load needs no branch). Only CONSTANT
+    mode has border taps (`_row_buffers`): `constant` False, a literal where the loops
+    specialise on it, leaves out the check."""
     offset = offsets[j, ow]
-    value = np.float64(src[np.uint64(max(offset, 0) + k)])
+    if not constant:
+        return np.float64(src[np.uint64(offset + k)])
+    value = np.float64(src[np.uint64((offset if offset > 0 else 0) + k)])
     return value if offset >= 0 else border_val
 
 
@@ -184,6 +199,19 @@ def _block_rows(block, rows):
     return first, min(np.int64(rows), first + ROWS_PER_BLOCK)
 
 
+@njit(inline="always", cache=True, error_model="numpy")
+def _sample_row(src, k, offsets, weights, out, line, ow_stride, border_val, constant):
+    """One channel of an output row (`_forward_loop`); `constant`: as `_tap_value`."""
+    for ow in range(offsets.shape[1]):
+        value = weights[0, ow] * _tap_value(src, k, offsets, 0, ow, border_val, constant)
+        for j in range(1, 4):
+            value += weights[j, ow] * _tap_value(src, k, offsets, j, ow, border_val, constant)
+        # a point that is not finite has NaN weights: NaN, or border_val in CONSTANT
+        if constant and not math.isfinite(value):
+            value = border_val
+        out[np.uint64(line + ow * ow_stride)] = value
+
+
 @ParallelLoop
 def _forward_loop(source, mats, images, coords, target, mode, border_val):
     src, (sn, sc, sh, sw), channels, in_h, in_w = source
@@ -197,14 +225,10 @@ def _forward_loop(source, mats, images, coords, target, mode, border_val):
                       offsets, weights, points)
             for c in range(channels):
                 k, line = c * sc, n * on + c * oc + oh * oh_stride
-                for ow in range(out_w):
-                    value = weights[0, ow] * _tap_value(src, k, offsets, 0, ow, border_val)
-                    for j in range(1, 4):
-                        value += weights[j, ow] * _tap_value(src, k, offsets, j, ow, border_val)
-                    # a point that is not finite has NaN weights: NaN, or border_val in CONSTANT
-                    if mode == _CONSTANT and not math.isfinite(value):
-                        value = border_val
-                    out[np.uint64(line + ow * ow_stride)] = value
+                if mode == _CONSTANT:
+                    _sample_row(src, k, offsets, weights, out, line, ow_stride, border_val, True)
+                else:
+                    _sample_row(src, k, offsets, weights, out, line, ow_stride, border_val, False)
 
 
 @ParallelLoop
@@ -225,9 +249,11 @@ def _backward_data_loop(gradient, mats, order, starts, coords, upstream, mode):
                 for c in range(channels):
                     k, line = c * sc, n * gn + c * gc + oh * gh
                     for ow in range(out_w):
+                        if not _finite(weights, ow):   # no gradient from it
+                            continue
                         value = np.float64(g[np.uint64(line + ow * gw)])
                         for j in range(4):
-                            if offsets[j, ow] >= 0:
+                            if offsets[j, ow] >= 0:     # not a border tap
                                 grad[np.uint64(offsets[j, ow] + k)] += weights[j, ow] * value
 
 
@@ -249,12 +275,13 @@ def _fractions(points, ow):
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _slopes(src, k, offsets, ow, ax, ay, border_val):
-    """(∂out/∂xs, ∂out/∂ys) of one channel (offset `k`) at pixel ow, float64."""
-    v00 = _tap_value(src, k, offsets, 0, ow, border_val)
-    v01 = _tap_value(src, k, offsets, 1, ow, border_val)
-    v10 = _tap_value(src, k, offsets, 2, ow, border_val)
-    v11 = _tap_value(src, k, offsets, 3, ow, border_val)
+def _slopes(src, k, offsets, ow, ax, ay, border_val, constant):
+    """(∂out/∂xs, ∂out/∂ys) of one channel (offset `k`) at pixel ow, float64; `constant`: as
+    `_tap_value`."""
+    v00 = _tap_value(src, k, offsets, 0, ow, border_val, constant)
+    v01 = _tap_value(src, k, offsets, 1, ow, border_val, constant)
+    v10 = _tap_value(src, k, offsets, 2, ow, border_val, constant)
+    v11 = _tap_value(src, k, offsets, 3, ow, border_val, constant)
     return (1 - ay) * (v01 - v00) + ay * (v11 - v10), (1 - ax) * (v10 - v00) + ax * (v11 - v01)
 
 
@@ -279,7 +306,7 @@ def _add_pixel_terms(total, sums, src, sc, channels, offsets, points, ow, g, pix
     ax, ay = _fractions(points, ow)
     sum_dx = sum_dy = 0.0
     for c in range(channels):
-        d_x, d_y = _slopes(src, c * sc, offsets, ow, ax, ay, border_val)
+        d_x, d_y = _slopes(src, c * sc, offsets, ow, ax, ay, border_val, True)
         value = np.float64(g[np.uint64(pixel + c * gc)])
         g_dx = value * d_x  # g · ∂out/∂xs
         g_dy = value * d_y  # g · ∂out/∂ys
@@ -289,6 +316,20 @@ def _add_pixel_terms(total, sums, src, sc, channels, offsets, points, ow, g, pix
         else:
             _add_finite_terms(total, g_dx, g_dy, fx, fy, xs, ys, den)
     sums[0, ow], sums[1, ow] = sum_dx, sum_dy
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _add_channel_slopes(sums, src, k, offsets, points, g, line, gw, border_val, constant):
+    """One channel of a row into its `sums` (`_backward_mat_loop`); `constant`: as
+    `_tap_value`."""
+    for ow in range(offsets.shape[1]):
+        ax, ay = _fractions(points, ow)
+        d_x, d_y = _slopes(src, k, offsets, ow, ax, ay, border_val, constant)
+        value = np.float64(g[np.uint64(line + ow * gw)])
+        g_dx, g_dy = value * d_x, value * d_y
+        sums[0, ow] += g_dx
+        sums[1, ow] += g_dy
+        sums[2, ow] += g_dx + g_dy + sums[3, ow]
 
 
 @ParallelLoop
@@ -322,14 +363,10 @@ def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val,
                 sums[3, ow] = 1 / points[2, ow] * (fx + fy + 1) * (1 + abs(xs) + abs(ys))
             for c in range(channels):
                 k, line = c * sc, n * gn + c * gc + oh * gh
-                for ow in range(out_w):
-                    ax, ay = _fractions(points, ow)
-                    d_x, d_y = _slopes(src, k, offsets, ow, ax, ay, border_val)
-                    value = np.float64(g[np.uint64(line + ow * gw)])
-                    g_dx, g_dy = value * d_x, value * d_y
-                    sums[0, ow] += g_dx
-                    sums[1, ow] += g_dy
-                    sums[2, ow] += g_dx + g_dy + sums[3, ow]
+                if mode == _CONSTANT:
+                    _add_channel_slopes(sums, src, k, offsets, points, g, line, gw, border_val, True)
+                else:
+                    _add_channel_slopes(sums, src, k, offsets, points, g, line, gw, border_val, False)
             a_sum = a_fx = b_sum = b_fx = c_sum = c_fx = 0.0
             for ow in range(out_w):
                 if not _finite(weights, ow):
@@ -377,7 +414,7 @@ def _tangent_mat_loop(source, mats, images, coords, tangents, mode, border_val, 
                 for c in range(channels):
                     total = 0.0
                     if finite:
-                        d_x, d_y = _slopes(src, c * sc, offsets, ow, ax, ay, border_val)
+                        d_x, d_y = _slopes(src, c * sc, offsets, ow, ax, ay, border_val, True)
                         for j in range(9):
                             weight = np.float64(v[j])
                             term = weight * d_x * d_xs[j] + weight * d_y * d_ys[j]
