@@ -73,10 +73,12 @@ def _clamped(p, length, mode):
     """`_border` for the clamping modes (REPLICATE, CONSTANT): two selects, an int32
     conversion and no branch, so a loop of them vectorises. Not the builtins `min` and
     `max`: Numba calls them as functions that LLVM inlines only after its vectoriser has
-    run, so the loop stayed scalar (a row's taps 22 → 8 ns a pixel without them)."""
-    last = length - 1
-    clamped = 0 if p < 0 else (last if p > last else p)
-    return np.int32(clamped), ((p >= 0) & (p < length)) | (mode == _REPLICATE)
+    run, so the loop stayed scalar (a row's taps 22 → 8 ns a pixel without them). The
+    bounds are in p's dtype (`p - p` is its 0: p is a finite floor), so a float32 matrix
+    compares in float32, not float64 (7.7 → 6.8 ns)."""
+    zero, last = p - p, p - p + np.float32(length - 1)
+    clamped = zero if p < zero else (last if p > last else p)
+    return np.int32(clamped), ((p >= zero) & (p <= last)) | (mode == _REPLICATE)
 
 
 @njit(cache=True, error_model="numpy")
