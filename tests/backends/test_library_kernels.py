@@ -15,6 +15,7 @@ partitions included).
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -109,9 +110,11 @@ def test_batched_matrix_mul_broadcasts_batches(rng, flags):
 
 @pytest.fixture
 def three_parts(monkeypatch):
-    """Split batched products into three spans whatever the size and the thread count; returns
-    the spans of each call that ran in spans."""
+    """Split batched products into three spans whatever the size and the thread count, BLAS's
+    own threads taken as asleep (no threaded product has run); returns the spans of each call
+    that ran in spans."""
     calls = []
+    monkeypatch.setattr(library.threaded_blas, "last", -math.inf)
 
     def recording(work, spans, threads):
         calls.append((spans, threads))
@@ -160,6 +163,25 @@ def test_batched_matrix_mul_in_spans_propagates_nan(three_parts, rng):
     got = run_library_op(op, a, b)
     assert np.isnan(got[1, 2]).all() and np.isnan(got[4]).all()
     assert_close(got, _batched_reference(op, a, b), rtol=RTOL[np.dtype(np.float32)])
+
+
+def test_batched_matrix_mul_takes_blas_threads_while_they_are_warm(three_parts, rng, monkeypatch):
+    """Right after a 2-D product that BLAS ran threaded (over 2^18 multiply-adds), a batched
+    product goes to BLAS whole, on its still-spinning threads; one at 2^18 exactly runs on
+    one thread and warms nothing; once the threads are taken to sleep again, spans."""
+    op, clock = BatchedMatrixMul(), library.threaded_blas
+    a, b = randn(rng, (4, 3, 4)), randn(rng, (4, 4, 5))
+    want = _batched_reference(op, a, b)
+    assert_matches(MatrixMul(), randn(rng, (64, 64)), randn(rng, (64, 64)))
+    assert not clock.warm()
+    assert_matches(MatrixMul(), randn(rng, (128, 64)), randn(rng, (64, 64)))
+    assert clock.warm()
+    assert_close(run_library_op(op, a, b), want, rtol=RTOL[np.dtype(np.float32)])
+    assert three_parts == []
+    monkeypatch.setattr(clock, "last", time.perf_counter() - clock.SPIN_S)
+    assert not clock.warm()
+    assert_close(run_library_op(op, a, b), want, rtol=RTOL[np.dtype(np.float32)])
+    assert three_parts == [([(k, k + 1) for k in range(4)], 3)]
 
 
 def test_in_spans_gives_each_span_to_one_thread_in_order():

@@ -30,7 +30,9 @@ OpenBLAS's threads wait for each other inside every GEMM (a 32×288×65536
 filter gradient took 20× the CPU time of the one-thread call; a batch of
 16 256×64×256 attention products, one GEMM each, spiked from 1.3 ms to
 over 100 ms), while threads that own whole batch items never wait for each
-other until the kernel ends.
+other until the kernel ends. The batched products make one exception: right
+after a threaded 2-D product, BLAS's threads still spin and hold the cores,
+and a batch goes to them (`threaded_blas`, `library_linalg`).
 
 Loops are written once with `prange` and compiled twice (`ParallelLoop`):
 waking the thread pool costs 1.5-50 µs depending on the threading layer
@@ -46,8 +48,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import os
 import threading
+import time
 import types
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -128,6 +132,38 @@ class _SingleThreadedBlas:
 
 
 single_threaded_blas = _SingleThreadedBlas()
+
+
+class _ThreadedBlasClock:
+    """When numpy's BLAS last ran a product on its own threads for us, and so whether those
+    threads are still spinning.
+
+    After a threaded call, OpenBLAS's threads spin waiting for the next one for 2^28 cycles
+    by default (OPENBLAS_THREAD_TIMEOUT; about 70 ms at 3.7 GHz) before they sleep. While
+    they spin they hold the other cores, so threads of ours that start then wait for a
+    core, and a product is better handed to the spinning threads, which start at once.
+    `warm()` takes them for spinning for SPIN_S after the last threaded product: less
+    than the timeout, so a product sent to OpenBLAS's threads seldom finds them asleep."""
+
+    SPIN_S = 0.05
+    """Seconds after a threaded product that its threads are taken to still spin."""
+
+    THREADED_MIN_MACS = 1 << 18
+    """Multiply-adds above which OpenBLAS runs a GEMM threaded (65,536 × 4, its threshold)."""
+
+    def __init__(self):
+        self.last = -math.inf
+
+    def ran(self, macs: int) -> None:
+        """Note a product of `macs` multiply-adds just run by numpy's (threaded) BLAS."""
+        if macs > self.THREADED_MIN_MACS:
+            self.last = time.perf_counter()
+
+    def warm(self) -> bool:
+        return time.perf_counter() - self.last < self.SPIN_S
+
+
+threaded_blas = _ThreadedBlasClock()
 _workers: ThreadPoolExecutor | None = None
 
 

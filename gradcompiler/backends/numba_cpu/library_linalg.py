@@ -19,6 +19,14 @@ than a thread's share let the others take over from a thread the OS has
 descheduled. Fewer items than threads (one large product), small products
 and batches whose broadcast cannot be folded without a copy keep the one
 threaded-BLAS call.
+
+So does every batch while BLAS's own threads are warm (`library.threaded_blas`):
+in a step where 2-D products run threaded too (gpt's projections around its
+attention), OpenBLAS's threads are still spinning from the last one and hold
+the other core, so span threads of ours would wait for it, where BLAS's own
+start at once. gpt's step took 185 against 201 ms so (0.92x; medians of six
+processes each way, alternated), its batched products all threaded. A step
+with no threaded 2-D product (the attention workload) keeps its spans.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import math
 import numpy as np
 
 from ...ops.linalg import BatchedMatrixMul, MatrixMul
-from .library import LibraryKernel, in_spans, library_kernel, thread_spans
+from .library import LibraryKernel, in_spans, library_kernel, thread_spans, threaded_blas
 
 
 def _flat2d(x: np.ndarray) -> np.ndarray:
@@ -48,6 +56,7 @@ def _matrix_mul(op: MatrixMul) -> LibraryKernel:
         if transpose_b:
             b2 = b2.T
         np.matmul(a2, b2, out=out.reshape(a2.shape[0], b2.shape[1]))
+        threaded_blas.ran(a2.shape[0] * a2.shape[1] * b2.shape[1])
 
     return matrix_mul
 
@@ -82,7 +91,7 @@ def _batched_matrix_mul(op: BatchedMatrixMul) -> LibraryKernel:
         if planned is None:
             planned = spans_by_shape[key] = _product_spans(out.shape, a.shape[-1])
         spans, threads = planned
-        if len(spans) > 1:
+        if len(spans) > 1 and not threaded_blas.warm():
             batch, count = out.shape[:-2], spans[-1][1]
             a3, b3 = _stacked(a, batch, count), _stacked(b, batch, count)
             if a3 is not None and b3 is not None:
@@ -94,5 +103,6 @@ def _batched_matrix_mul(op: BatchedMatrixMul) -> LibraryKernel:
                 in_spans(span, spans, threads)
                 return
         np.matmul(a, b, out=out)
+        threaded_blas.ran(out.size * a.shape[-1])
 
     return batched_matrix_mul
