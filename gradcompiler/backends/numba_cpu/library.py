@@ -136,14 +136,16 @@ single_threaded_blas = _SingleThreadedBlas()
 
 class _ThreadedBlasClock:
     """When numpy's BLAS last ran a product on its own threads for us, and so whether those
-    threads are still spinning.
+    threads are still awake.
 
-    After a threaded call, OpenBLAS's threads spin waiting for the next one for 2^28 cycles
-    by default (OPENBLAS_THREAD_TIMEOUT; about 70 ms at 3.7 GHz) before they sleep. While
-    they spin they hold the other cores, so threads of ours that start then wait for a
-    core, and a product is better handed to the spinning threads, which start at once.
-    `warm()` takes them for spinning for SPIN_S after the last threaded product: less
-    than the timeout, so a product sent to OpenBLAS's threads seldom finds them asleep."""
+    After a threaded call, OpenBLAS's threads spin waiting for the next one: for 2^28
+    cycles by default (about 70 ms at 3.7 GHz), 2^20 where gradcompiler was imported before
+    numpy (`OPENBLAS_THREAD_TIMEOUT`, set on import: numba_cpu's docstring). While they spin
+    they hold the other cores, so threads of ours that start then wait for a core, and a
+    product is better handed to BLAS's threads. `warm()` says so for SPIN_S after the last
+    threaded product. With the short spin they may have slept by then, and a product sent
+    to them wakes them: measured, that still beat our span threads (library_linalg).
+    """
 
     SPIN_S = 0.05
     """Seconds after a threaded product that its threads are taken to still spin."""

@@ -22,11 +22,14 @@ threaded-BLAS call.
 
 So does every batch while BLAS's own threads are warm (`library.threaded_blas`):
 in a step where 2-D products run threaded too (gpt's projections around its
-attention), OpenBLAS's threads are still spinning from the last one and hold
-the other core, so span threads of ours would wait for it, where BLAS's own
-start at once. gpt's step took 185 against 201 ms so (0.92x; medians of six
-processes each way, alternated), its batched products all threaded. A step
-with no threaded 2-D product (the attention workload) keeps its spans.
+attention), OpenBLAS's threads are still awake from the last one and hold the
+other core, so span threads of ours would wait for it, where BLAS's own start
+at once. The gpt step, its batched products all threaded so, against spans
+(medians of alternated processes): 196 against 218 ms with gradcompiler
+imported first, as `gradcompiler bench` does (OpenBLAS's spin cut to 2^20
+cycles; faster in 9 of 10 pairs), 185 against 201 ms with numpy imported
+first (the default 2^28-cycle spin; faster in 5 of 6). A step with no threaded 2-D
+product (the attention workload) keeps its spans.
 """
 
 from __future__ import annotations
