@@ -223,14 +223,18 @@ def test_cnn_check_passes_float32_steps_and_flags_wrong_gradients(monkeypatch):
     assert all(o.dtype == np.float64 for o in oracle)
     assert suite.tolerance("cnn") == suite.TOLERANCES["cnn"] > suite.TOLERANCE
     compiled = [np.asarray(v) for v in suite.compile_step(work, "cpu")(**feeds)]
-    assert suite.checked("cnn", compiled, oracle)["correct"] is True
+    own = suite.checked("cnn", compiled, oracle)
+    assert own["correct"] is True
     assert suite.checked("cnn", manual.cnn(feeds), oracle)["correct"] is True
     wrt = [t.name for t in work.wrt]
     for index, factor in ((wrt.index("res1a_gamma"), 1.1), (wrt.index("down_w"), -1.0)):
         wrong = list(compiled)
         wrong[1 + index] = wrong[1 + index] * factor
         verdict = suite.checked("cnn", wrong, oracle)
-        assert verdict["correct"] is False and verdict["max_rel_error_vs_numpy"] >= 0.1
+        # |f·g − w| ≥ |f − 1|·|w| − |f|·|g − w| where |w| is largest: the factor's error, less
+        # what float32 rounding already left (exactly 0.1 is not a bound: 0.0999998 was seen)
+        least = abs(factor - 1) - abs(factor) * own["max_rel_error_vs_numpy"]
+        assert verdict["correct"] is False and verdict["max_rel_error_vs_numpy"] >= least >= 0.09
 
     def without_projection(dy, xhat, rstd, gamma):
         count = dy.size // dy.shape[1]
