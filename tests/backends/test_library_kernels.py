@@ -168,11 +168,14 @@ def test_batched_matrix_mul_in_spans_propagates_nan(three_parts, rng):
 def test_batched_matrix_mul_takes_blas_threads_while_they_are_warm(three_parts, rng, monkeypatch):
     """Right after a 2-D product that BLAS ran threaded (over 2^18 multiply-adds), a batched
     product goes to BLAS whole, on its still-spinning threads; one at 2^18 exactly runs on
-    one thread and warms nothing; once the threads are taken to sleep again, spans."""
+    one thread and warms nothing, nor does a float16 one (numpy's own loop, no BLAS); once
+    the threads are taken to sleep again, spans."""
     op, clock = BatchedMatrixMul(), library.threaded_blas
     a, b = randn(rng, (4, 3, 4)), randn(rng, (4, 4, 5))
     want = _batched_reference(op, a, b)
     assert_matches(MatrixMul(), randn(rng, (64, 64)), randn(rng, (64, 64)))
+    assert not clock.warm()
+    run_library_op(MatrixMul(), randn(rng, (128, 64), np.float16), randn(rng, (64, 64), np.float16))
     assert not clock.warm()
     assert_matches(MatrixMul(), randn(rng, (128, 64)), randn(rng, (64, 64)))
     assert clock.warm()

@@ -156,12 +156,14 @@ class _ThreadedBlasClock:
     def __init__(self):
         self.last = -math.inf
 
-    def ran(self, macs: int) -> None:
-        """Note a product of `macs` multiply-adds just run by numpy's (threaded) BLAS."""
-        if macs > self.THREADED_MIN_MACS:
+    def ran(self, macs: int, dtype: np.dtype) -> None:
+        """Note a product of `macs` multiply-adds just run by np.matmul: threaded BLAS if it is
+        float32 or float64 (numpy's own loops take the other dtypes) and large enough."""
+        if macs > self.THREADED_MIN_MACS and dtype in (np.float32, np.float64):
             self.last = time.perf_counter()
 
     def warm(self) -> bool:
+        """Whether BLAS's threads are taken to be awake: a threaded product ran within SPIN_S."""
         return time.perf_counter() - self.last < self.SPIN_S
 
 

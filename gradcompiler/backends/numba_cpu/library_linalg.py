@@ -59,7 +59,7 @@ def _matrix_mul(op: MatrixMul) -> LibraryKernel:
         if transpose_b:
             b2 = b2.T
         np.matmul(a2, b2, out=out.reshape(a2.shape[0], b2.shape[1]))
-        threaded_blas.ran(a2.shape[0] * a2.shape[1] * b2.shape[1])
+        threaded_blas.ran(a2.shape[0] * a2.shape[1] * b2.shape[1], out.dtype)
 
     return matrix_mul
 
@@ -106,6 +106,6 @@ def _batched_matrix_mul(op: BatchedMatrixMul) -> LibraryKernel:
                 in_spans(span, spans, threads)
                 return
         np.matmul(a, b, out=out)
-        threaded_blas.ran(out.size * a.shape[-1])
+        threaded_blas.ran(out.size * a.shape[-1], out.dtype)
 
     return batched_matrix_mul
