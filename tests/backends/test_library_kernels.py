@@ -168,14 +168,20 @@ def test_batched_matrix_mul_in_spans_propagates_nan(three_parts, rng):
 def test_batched_matrix_mul_takes_blas_threads_while_they_are_warm(three_parts, rng, monkeypatch):
     """Right after a 2-D product that BLAS ran threaded (over 2^18 multiply-adds), a batched
     product goes to BLAS whole, on its still-spinning threads; one at 2^18 exactly runs on
-    one thread and warms nothing, nor does a float16 one (numpy's own loop, no BLAS); once
-    the threads are taken to sleep again, spans."""
+    one thread and warms nothing, nor does a float16 one (numpy's own loop, no BLAS) or one
+    while BLAS is held to one thread; once the threads are taken to sleep again, spans.
+    (SPIN_S is widened to a minute, so that a loaded machine pausing this thread cannot put
+    the threads to sleep mid-test.)"""
     op, clock = BatchedMatrixMul(), library.threaded_blas
+    monkeypatch.setattr(clock, "SPIN_S", 60.0)
     a, b = randn(rng, (4, 3, 4)), randn(rng, (4, 4, 5))
     want = _batched_reference(op, a, b)
     assert_matches(MatrixMul(), randn(rng, (64, 64)), randn(rng, (64, 64)))
     assert not clock.warm()
     run_library_op(MatrixMul(), randn(rng, (128, 64), np.float16), randn(rng, (64, 64), np.float16))
+    assert not clock.warm()
+    with library.single_threaded_blas:      # as under a user's threadpool_limits(1)
+        assert_matches(MatrixMul(), randn(rng, (128, 64)), randn(rng, (64, 64)))
     assert not clock.warm()
     assert_matches(MatrixMul(), randn(rng, (128, 64)), randn(rng, (64, 64)))
     assert clock.warm()

@@ -115,6 +115,11 @@ class _SingleThreadedBlas:
             self.libraries = ThreadpoolController().select(user_api="blas").lib_controllers
         return self.libraries
 
+    def fewest_threads(self) -> int:
+        """The thread count of the BLAS library allowed fewest now (1.5 µs: threadpoolctl asks
+        each library)."""
+        return min((lib.num_threads for lib in self._blas()), default=1)
+
     def __enter__(self):
         with self.lock:
             if self.depth == 0:
@@ -158,8 +163,11 @@ class _ThreadedBlasClock:
 
     def ran(self, macs: int, dtype: np.dtype) -> None:
         """Note a product of `macs` multiply-adds just run by np.matmul: threaded BLAS if it is
-        float32 or float64 (numpy's own loops take the other dtypes) and large enough."""
-        if macs > self.THREADED_MIN_MACS and dtype in (np.float32, np.float64):
+        float32 or float64 (numpy's own loops take the other dtypes), large enough, and BLAS
+        is allowed threads (a user's `threadpool_limits(1)`, or our own spans, leave it one,
+        and then nothing of BLAS's spins)."""
+        if (macs > self.THREADED_MIN_MACS and dtype in (np.float32, np.float64)
+                and single_threaded_blas.fewest_threads() > 1):
             self.last = time.perf_counter()
 
     def warm(self) -> bool:
