@@ -51,6 +51,13 @@ Loop structure (what makes it fast):
     before the one read-modify-write of the partials: the bcast_reduce
     step ran in 0.87 of the time (alternated in one process; x and dx move
     as before, the partials' loads and stores are what it saves).
+* A rank-2 kernel of several phases visits each row several times, in
+  L1; the first visit of the next row's input misses on every line (the
+  hardware prefetchers stay within a 4 KB page and stop with their
+  stream's misses) and so do the last pass's stores. The heaviest phase's
+  innermost loop therefore runs in blocks of PREFETCH_BLOCK points, each
+  asking for its part of the next row of every full-domain input and
+  output (`prefetch`), which the current row's arithmetic then hides.
 * Every array index is unsigned (`_at`), sparing Numba's negative-index
   wraparound, which LLVM cannot remove and which stops vectorisation.
 * Selects are conditional expressions, literals are typed, float32 stays
@@ -70,6 +77,7 @@ import numpy as np
 from ...cones import domain_index
 from ...index_expr import Index, ravel
 from ...kernel import Compute, Load, LoopKernel, Reduction, RowValue
+from .prefetch import CACHE_LINE
 from .rowreduce import ROW_SPLIT
 from .scalar_ops import literal, numba_type_name, reduction_identity, scalar_expr
 
@@ -81,6 +89,11 @@ its rows' own work when full; a domain of fewer than four blocks of rows is left
 ROW_GROUP = 4
 """Rows per pass of a column-sum block's innermost loop, where every reduction allows it (module
 docstring); the rows of a block beyond a multiple of it take a pass each."""
+
+PREFETCH_BLOCK = 128
+"""Points of a row's heaviest pass between its prefetches of the next row (module docstring): the
+layernorm_gelu kernel ran in 0.78-0.81 of the time with blocks of 128, 0.85-0.89 with 64 or 256
+(float32 rows of 1,024; alternated in one process). Rows shorter than a block are not prefetched."""
 
 _COMBINE = {
     "SUM": "{a} + {b}",
@@ -177,6 +190,7 @@ class _Writer:
         self.suffix = ""  # of the variables of the row being written
         self.lines: list[str] = []
         self.calls: set[str] = set()
+        self.prefetch_calls: set[str] = set()
         self.helpers: set[str] = set()
         self.scratch: list[tuple[np.dtype, int]] = []
         self.scratch_names: list[str] = []
@@ -199,6 +213,7 @@ class _Writer:
             for instr in phase.instrs:
                 self.level[instr.var] = self._instr_level(instr)
                 self.dtype[instr.var] = instr.dtype
+        self.prefetch_phase, self.prefetches = self._next_row_prefetches()
 
     # -- helpers --------------------------------------------------------------------------------
     def _add_scratch(self, name: str, dtype, size: int) -> None:
@@ -247,6 +262,42 @@ class _Writer:
                    and not any(p.role == "row" for p in self.kernel.params)
                    and all(p.cross and p.red.mode == "SUM" and p.row != "buffer" for p in self.plans))
         return ROW_GROUP if grouped else 1
+
+    def _next_row_prefetches(self) -> tuple[int | None, tuple[tuple[str, int], ...]]:
+        """The phase whose innermost loop prefetches the next row, and (intrinsic, param) for each
+        full-domain input it asks for and each output it owns (module docstring); (None, ())
+        where no phase does."""
+        kernel = self.kernel
+        if self.rank != 2 or len(kernel.phases) < 2 or kernel.domain[1] < PREFETCH_BLOCK:
+            return None, ()
+        whole = ravel(domain_index(kernel.domain), kernel.domain)
+        reads = sorted({i.expr.param for phase in kernel.phases for i in phase.instrs
+                        if isinstance(i.expr, Load) and kernel.params[i.expr.param].role == "in"
+                        and i.expr.index == whole})
+        writes = sorted({store.param for phase in kernel.phases for store in phase.stores
+                         if kernel.params[store.param].role == "out"})
+        if not reads and not writes:
+            return None, ()
+        work = [sum(1 for i in phase.instrs if self.level[i.var] == 1) for phase in kernel.phases]
+        heaviest = max(range(len(work)), key=work.__getitem__)
+        return heaviest, tuple([("prefetch_read", p) for p in reads] + [("prefetch_write", p) for p in writes])
+
+    def _points_loop(self, depth: int, phase: int | None, lo: str, hi: str) -> int:
+        """`for i<last> in range(lo, hi)`, in prefetching blocks in phase `p` if it prefetches
+        (`_next_row_prefetches`); returns the depth of the body."""
+        axis = self.rank - 1
+        if phase is None or phase != self.prefetch_phase:
+            self.emit(depth, f"for i{axis} in range({lo}, {hi}):")
+            return depth + 1
+        width = self.kernel.domain[1]
+        self.emit(depth, f"for k{axis} in range({lo}, {hi}, {PREFETCH_BLOCK}):")
+        for intrinsic, param in self.prefetches:
+            self.prefetch_calls.add(intrinsic)
+            line = max(CACHE_LINE // self.kernel.params[param].dtype.itemsize, 1)
+            for offset in range(0, PREFETCH_BLOCK, line):
+                self.emit(depth + 1, f"{intrinsic}(p{param}, np.uint64(n0 * {width} + k{axis} + {offset}))")
+        self.emit(depth + 1, f"for i{axis} in range(k{axis}, min(k{axis} + {PREFETCH_BLOCK}, {hi})):")
+        return depth + 2
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
@@ -316,19 +367,18 @@ class _Writer:
             self._write(depth, plan, value)
 
     def _innermost_loop(self, depth: int, lo: str, hi: str, plans: list[_ReductionPlan],
-                        body) -> None:
+                        body, phase: int | None = None) -> None:
         """`for i<last> in range(lo, hi)` around `body(depth)`; in blocks of ROW_SPLIT points if
-        `plans` chain along it, each block summed in `u<r>` and added to the wide register."""
+        `plans` chain along it, each block summed in `u<r>` and added to the wide register;
+        the points in prefetching blocks if `phase` prefetches the next row (`_points_loop`)."""
         axis = self.rank - 1
         if not plans:
-            self.emit(depth, f"for i{axis} in range({lo}, {hi}):")
-            body(depth + 1)
+            body(self._points_loop(depth, phase, lo, hi))
             return
         self.emit(depth, f"for j{axis} in range({lo}, {hi}, {ROW_SPLIT}):")
         for plan in plans:
             self.emit(depth + 1, f"u{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")
-        self.emit(depth + 1, f"for i{axis} in range(j{axis}, min(j{axis} + {ROW_SPLIT}, {hi})):")
-        body(depth + 2)
+        body(self._points_loop(depth + 1, phase, f"j{axis}", f"min(j{axis} + {ROW_SPLIT}, {hi})"))
         for plan in plans:
             register = f"s{plan.index}" if plan.row else f"a{plan.index}"
             combine = _COMBINE[plan.red.mode].format(a=register, b=f"u{plan.index}")
@@ -367,8 +417,10 @@ class _Writer:
                     self.emit(depth, f"s{plan.index} = {reduction_identity(plan.red.mode, dtype)}")
             if inner == self.rank - 1:
                 blocked = [plan for plan in mine if plan.blocked]
+                if p == self.prefetch_phase:
+                    self.emit(depth, "n0 = i0 + 1 if i0 + 1 < hi else i0")
                 self._innermost_loop(depth, "0", str(self.kernel.domain[inner]), blocked,
-                                     lambda d: self._phase_level(d, p, inner))
+                                     lambda d: self._phase_level(d, p, inner), p)
             else:
                 self.emit(depth, f"for i{inner} in range({self.kernel.domain[inner]}):")
                 self._phase_level(depth + 1, p, inner)
@@ -527,6 +579,9 @@ class _Writer:
             header.append(f"from gradcompiler.backends.numba_cpu.mathfuncs import {', '.join(sorted(self.calls))}")
         if self.helpers:
             header.append(f"from gradcompiler.backends.numba_cpu.rowreduce import {', '.join(sorted(self.helpers))}")
+        if self.prefetch_calls:
+            header.append("from gradcompiler.backends.numba_cpu.prefetch import "
+                          + ", ".join(sorted(self.prefetch_calls)))
         text = "\n".join(header + ["", ""] + functions) + "\n"
         return KernelSource(text, tuple(self.scratch), self.parallel)
 

@@ -57,8 +57,14 @@ from .library import (
     library_kernel,
     partition_count,
 )
+from .prefetch import CACHE_LINE, prefetch_read
 
 # -- loops -------------------------------------------------------------------------------------
+
+GATHER_AHEAD = 8
+"""Indices ahead whose table row a gather asks for while copying the current one: the rows are
+random, so no hardware prefetcher finds them; 4 to 16 ahead gathered the embedding's 65,536 rows
+of 256 bytes in 0.70-0.75 of the time (alternated, one process)."""
 
 
 @ParallelLoop
@@ -120,17 +126,23 @@ def _gather(data, pos, pre_offsets, post_offsets, run, run_stride, parts, out):
 
     `out` is flat. The (a, p) rows are split into one contiguous block per
     part; the innermost kept axis is a run, copied by a plain strided loop.
+    Rows of a table are asked for GATHER_AHEAD indices ahead (`prefetch`).
     """
     n_pos, n_outer = pos.size, post_offsets.size
     rows, row = pre_offsets.size * n_pos, n_outer * run
     step = np.uint64(run_stride)
     block = (rows + parts - 1) // parts
     table_rows = pre_offsets.size == 1 and n_outer == 1
+    line = max(CACHE_LINE // data.itemsize, 1)
     for part in prange(parts):
         first, last = part * block, min((part + 1) * block, rows)
         if table_rows:
             offset = pre_offsets[0] + post_offsets[0]
             for p in range(first, last):
+                if step == 1 and p + GATHER_AHEAD < last:
+                    ahead = np.uint64(pos[p + GATHER_AHEAD] + offset)
+                    for b in range(0, run, line):
+                        prefetch_read(data, ahead + np.uint64(b))
                 _copy_run(out, np.uint64(p * run), data, np.uint64(pos[p] + offset), run, step)
             continue
         a, p = first // max(n_pos, 1), first % max(n_pos, 1)
