@@ -9,6 +9,10 @@ then the number of chunks.
 
 Loop structure (what makes it fast):
 
+* The kernel's inner axes that every access walks as one are merged first
+  (`axis_coalescing`): a batch norm over (N, C, H, W) loops over H·W
+  points, not H rows of W, and reduces its registers once per channel (the
+  cnn step ran in 0.85-0.86 of the time, alternated in one process).
 * `for c in prange(nchunks)` splits axis 0 into one contiguous chunk per
   thread; inside, `for i0 in range(lo, hi)` and, per phase, the loops over
   the inner axes, the innermost over the contiguous last axis.
@@ -74,6 +78,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...axis_coalescing import coalesce_axes
 from ...cones import domain_index
 from ...index_expr import Index, ravel
 from ...kernel import Compute, Load, LoopKernel, Reduction, RowValue
@@ -587,5 +592,6 @@ class _Writer:
 
 
 def generate(kernel: LoopKernel, parallel: bool, fastmath: frozenset[str] = frozenset()) -> KernelSource:
-    """The module source of `kernel` (module docstring)."""
-    return _Writer(kernel, parallel and len(kernel.domain) > 0, fastmath).source()
+    """The module source of `kernel` (module docstring), its inner axes coalesced where every
+    access walks them as one (`axis_coalescing`)."""
+    return _Writer(coalesce_axes(kernel), parallel and len(kernel.domain) > 0, fastmath).source()
