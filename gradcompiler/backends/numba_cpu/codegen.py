@@ -97,7 +97,7 @@ docstring); the rows of a block beyond a multiple of it take a pass each."""
 
 PREFETCH_BLOCK = 128
 """Points of a row's heaviest pass between its prefetches of the next row (module docstring): the
-layernorm_gelu kernel ran in 0.78-0.81 of the time with blocks of 128, 0.85-0.89 with 64 or 256
+layernorm_gelu kernel ran in 0.78-0.81 of the time with blocks of 128, 0.85-0.90 with 64 or 256
 (float32 rows of 1,024; alternated in one process). Rows shorter than a block are not prefetched."""
 
 _COMBINE = {
