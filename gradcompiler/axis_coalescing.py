@@ -12,9 +12,10 @@ innermost loop is then long enough to vectorise well, and its registers are
 reduced once per channel instead of once per 32 points.
 
 Axes k and k + 1 (k ≥ 1) merge where
-* every load's index has coefficient(k) = coefficient(k + 1) · extent(k + 1)
-  (an axis of extent 1 takes any coefficient: its index is always 0), and
-  no digit (a view remap's `//` or `%`) reads either axis;
+* every load's index, rewritten over the merged axis (`index_expr.substitute`),
+  reads it without a digit (a `//` or `%`): its coefficient of k is that of
+  k + 1 times k + 1's extent (an axis of extent 1 takes any coefficient: its
+  index is always 0);
 * every reduction reduces both or neither.
 Stores and row scratch are indexed by the domain in C order, which merging
 two adjacent axes leaves as it was; so are a reduction's kept axes. Axis 0
@@ -27,76 +28,42 @@ from __future__ import annotations
 
 import dataclasses
 
-from .index_expr import Axis, Digit, Index
-from .kernel import Load, LoopKernel, Phase, Reduction
+from .index_expr import Digit, Index, floordiv, mod, substitute
+from .kernel import Load, LoopKernel, Phase
 
 
-def _coefficient(index: Index, k: int) -> int:
-    return sum(coeff for atom, coeff in index.terms if atom == Axis(k))
-
-
-def _digits_read(index: Index, axes: set[int]) -> bool:
-    return any(isinstance(atom, Digit) and atom.expr.axes() & axes for atom, _ in index.terms)
-
-
-def _merged_coefficient(index: Index, k: int, extents: tuple[int, ...]) -> int | None:
-    """The coefficient of the merged axis in `index`, or None where k and k + 1 do not walk as one."""
-    if _digits_read(index, {k, k + 1}):
-        return None
-    outer, inner = _coefficient(index, k), _coefficient(index, k + 1)
-    if extents[k] == 1:
-        return inner
-    if extents[k + 1] == 1:
-        return outer
-    return inner if outer == inner * extents[k + 1] else None
-
-
-def _renumbered(index: Index, k: int, merged: int) -> Index:
-    """`index` over the domain with axes k and k + 1 merged into axis k (coefficient `merged`)."""
-
-    def axis_map(atom):
-        if isinstance(atom, Axis):
-            return Axis(atom.k - 1) if atom.k > k + 1 else atom
-        return Digit(_renumbered(atom.expr, k, 0), atom.div, atom.mod)
-
-    terms: dict = {}
-    for atom, coeff in index.terms:
-        if atom in (Axis(k), Axis(k + 1)):
-            continue
-        mapped = axis_map(atom)
-        terms[mapped] = terms.get(mapped, 0) + coeff
-    if merged:
-        terms[Axis(k)] = terms.get(Axis(k), 0) + merged
-    return Index.of(terms, index.const)
+def _digits_read(index: Index, k: int) -> bool:
+    return any(isinstance(atom, Digit) and k in atom.expr.axes() for atom, _ in index.terms)
 
 
 def _merge(kernel: LoopKernel, k: int) -> LoopKernel | None:
-    """`kernel` with axes k and k + 1 merged, or None where they cannot be (module docstring)."""
+    """`kernel` with axes k and k + 1 merged, or None where they cannot be (module docstring).
+
+    Each load's index is rewritten over the merged domain, old axis k as (m // n) and k + 1 as
+    (m % n) of the merged index m (n: k + 1's extent). Where the two walk as one the digits
+    recombine into m itself (`Index.of`); a digit of m left over means they do not (the merged
+    kernel would still be right, but its innermost loop would divide and take remainders)."""
     extents = kernel.domain
-    loads = [i.expr for phase in kernel.phases for i in phase.instrs if isinstance(i.expr, Load)]
-    merged = {}
-    for load in loads:
-        coefficient = _merged_coefficient(load.index, k, extents)
-        if coefficient is None:
-            return None
-        merged[load.index] = coefficient
     if any((k in r.axes) != (k + 1 in r.axes) for r in kernel.reductions()):
         return None
-
-    def reduction(r: Reduction) -> Reduction:
-        axes = sorted({a - 1 if a > k else a for a in r.axes})
-        return dataclasses.replace(r, axes=tuple(axes))
-
-    def instr(i):
-        if not isinstance(i.expr, Load):
-            return i
-        index = _renumbered(i.expr.index, k, merged[i.expr.index])
-        return dataclasses.replace(i, expr=Load(i.expr.param, index))
-
-    phases = tuple(Phase(tuple(instr(i) for i in p.instrs), p.stores, tuple(reduction(r) for r in p.reductions))
-                   for p in kernel.phases)
     domain = extents[:k] + (extents[k] * extents[k + 1],) + extents[k + 2:]
-    return LoopKernel(domain, kernel.params, phases)
+    merged, inner = Index.axis(k), extents[k + 1]
+    mapping = {k: floordiv(merged, inner, domain), k + 1: mod(merged, inner, domain)}
+    mapping.update({j: Index.axis(j - 1) for j in range(k + 2, len(extents))})
+    phases = []
+    for phase in kernel.phases:
+        instrs = []
+        for instr in phase.instrs:
+            if isinstance(instr.expr, Load):
+                index = substitute(instr.expr.index, mapping, domain)
+                if _digits_read(index, k):
+                    return None
+                instr = dataclasses.replace(instr, expr=Load(instr.expr.param, index))
+            instrs.append(instr)
+        reductions = tuple(dataclasses.replace(r, axes=tuple(sorted({a - 1 if a > k else a for a in r.axes})))
+                           for r in phase.reductions)
+        phases.append(Phase(tuple(instrs), phase.stores, reductions))
+    return LoopKernel(domain, kernel.params, tuple(phases))
 
 
 def coalesce_axes(kernel: LoopKernel) -> LoopKernel:

@@ -195,7 +195,6 @@ class _Writer:
         self.suffix = ""  # of the variables of the row being written
         self.lines: list[str] = []
         self.calls: set[str] = set()
-        self.prefetch_calls: set[str] = set()
         self.helpers: set[str] = set()
         self.scratch: list[tuple[np.dtype, int]] = []
         self.scratch_names: list[str] = []
@@ -288,16 +287,15 @@ class _Writer:
         return heaviest, tuple([("prefetch_read", p) for p in reads] + [("prefetch_write", p) for p in writes])
 
     def _points_loop(self, depth: int, phase: int | None, lo: str, hi: str) -> int:
-        """`for i<last> in range(lo, hi)`, in prefetching blocks in phase `p` if it prefetches
-        (`_next_row_prefetches`); returns the depth of the body."""
+        """`for i<last> in range(lo, hi)`, in prefetching blocks if `phase` is the one that
+        prefetches the next row (`_next_row_prefetches`); returns the depth of the body."""
         axis = self.rank - 1
-        if phase is None or phase != self.prefetch_phase:
+        if self.prefetch_phase is None or phase != self.prefetch_phase:
             self.emit(depth, f"for i{axis} in range({lo}, {hi}):")
             return depth + 1
         width = self.kernel.domain[1]
         self.emit(depth, f"for k{axis} in range({lo}, {hi}, {PREFETCH_BLOCK}):")
         for intrinsic, param in self.prefetches:
-            self.prefetch_calls.add(intrinsic)
             line = max(CACHE_LINE // self.kernel.params[param].dtype.itemsize, 1)
             for offset in range(0, PREFETCH_BLOCK, line):
                 self.emit(depth + 1, f"{intrinsic}(p{param}, np.uint64(n0 * {width} + k{axis} + {offset}))")
@@ -584,9 +582,9 @@ class _Writer:
             header.append(f"from gradcompiler.backends.numba_cpu.mathfuncs import {', '.join(sorted(self.calls))}")
         if self.helpers:
             header.append(f"from gradcompiler.backends.numba_cpu.rowreduce import {', '.join(sorted(self.helpers))}")
-        if self.prefetch_calls:
+        if self.prefetches:  # the prefetching phase's loop is always written (a rank-2 phase has one)
             header.append("from gradcompiler.backends.numba_cpu.prefetch import "
-                          + ", ".join(sorted(self.prefetch_calls)))
+                          + ", ".join(sorted({intrinsic for intrinsic, _ in self.prefetches})))
         text = "\n".join(header + ["", ""] + functions) + "\n"
         return KernelSource(text, tuple(self.scratch), self.parallel)
 
