@@ -67,7 +67,10 @@ def _merge(kernel: LoopKernel, k: int) -> LoopKernel | None:
 
 
 def coalesce_axes(kernel: LoopKernel) -> LoopKernel:
-    """`kernel` with every mergeable pair of adjacent inner axes merged (module docstring)."""
+    """`kernel` with every mergeable pair of adjacent inner axes merged (module docstring); one
+    with an empty inner axis, whose loops never run, as it is (there is no extent to divide by)."""
+    if 0 in kernel.domain[1:]:
+        return kernel
     k = len(kernel.domain) - 2
     while k >= 1:
         merged = _merge(kernel, k)

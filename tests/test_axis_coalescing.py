@@ -74,6 +74,8 @@ def test_reductions_keep_apart_the_axes_they_split():
 
 def test_an_axis_of_extent_one_takes_any_coefficient_and_digits_stay():
     assert coalesce_axes(_kernel((2, 3, 1, 5), [_index((0, 99), (1, 17), (2, 1000), (3, 3))])).domain == (2, 3, 5)
+    # an empty inner axis: the loops never run, left as they are (no extent to divide by)
+    assert coalesce_axes(_kernel((2, 4, 0), [_index((1, 1))])).domain == (2, 4, 0)
     digit = Index.of({Digit(_index((3, 1)), 2, None): 1}, 0)
     kernel = coalesce_axes(_kernel((2, 3, 4, 5), [_index((0, 60), (1, 20), (2, 5)) + digit]))
     assert kernel.domain == (2, 12, 5)
