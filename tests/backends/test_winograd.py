@@ -118,6 +118,20 @@ def test_non_finite_inputs_take_the_direct_sum(operand, rng):
         assert kernel.tiles is not None and kernel.columns is not None  # tried, then fell back
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("value", [np.inf, np.nan])
+@pytest.mark.parametrize("column", [0, 3, 4])
+def test_a_non_finite_pixel_anywhere_in_a_row_is_seen(column, value, rng):
+    """The plane split reads each row as pixel pairs and an odd width's last pixel alone
+    (width 5: pairs (0, 1), (2, 3), then 4): a non-finite pixel in either path makes the
+    forward and the filter gradient fall back, with the reference's NaN and inf."""
+    forward, data, filt, x_shape, w_shape, y_shape = ops("same_odd")
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    x[0, MIN - 1, 6, column] = value  # the last channel's last row
+    for kernel in (run(forward, x, w), run(filt, x, rng.standard_normal(y_shape))):
+        assert kernel.tiles is not None and kernel.columns is not None
+
+
 def test_few_channels_and_other_geometries_take_im2col(rng):
     """Winograd only where it pays and applies: 3×3, stride 1, no dilation, one group, at
     least MIN_CHANNELS channels in and out."""
