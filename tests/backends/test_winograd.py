@@ -81,8 +81,9 @@ def test_empty_batch(rng):
 @pytest.mark.parametrize("case", ["same_odd", "uneven_padding"])
 def test_winograd_over_threads_one_image_a_chunk(case, rng, monkeypatch, parallel_loops):
     """A batch of 5 in spans over two threads, a chunk of one image each time, called twice: the
-    second call reuses buffers the first filled (the spare tiles' stale values must not
-    reach the output or the filter gradient)."""
+    second call reuses buffers the first left filled with NaN (what the spare tiles read
+    must be this call's pixels or zeros: the filter gradient multiplies each spare tile by
+    a zero gradient, and 0 · NaN is NaN)."""
     monkeypatch.setattr(library_winograd, "CHUNK_BYTES", 1)
     forward, data, filt, x_shape, w_shape, y_shape = ops(case)
     x_shape, y_shape = (5, *x_shape[1:]), (5, *y_shape[1:])
@@ -95,6 +96,9 @@ def test_winograd_over_threads_one_image_a_chunk(case, rng, monkeypatch, paralle
             kernel(*inputs, out=out)
             assert_close(out, op.reference(*inputs), rtol=1e-10, label=op.describe())
             assert kernel.tiles.threads == 2 and kernel.tiles.chunk == 1 and by_winograd(kernel)
+            for buffers in kernel.tiles.buffers:
+                for buffer in buffers:
+                    buffer.fill(np.nan)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference's inf - inf, 0 * inf
