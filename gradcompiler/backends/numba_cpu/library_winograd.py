@@ -75,12 +75,12 @@ def _split_plane(plane, quarters, pad_h, pad_w, line):
         r = ih + pad_h
         start = (r // 2) * line
         source = plane[ih]
-        even = quarters[2 * (r % 2) + first, start + shift_first:]
-        odd = quarters[2 * (r % 2) + second, start + shift_second:]
+        into_first = quarters[2 * (r % 2) + first, start + shift_first:]
+        into_second = quarters[2 * (r % 2) + second, start + shift_second:]
         for j in range(pairs):
             p, q = source[2 * j], source[2 * j + 1]
-            even[j] = p
-            odd[j] = q
+            into_first[j] = p
+            into_second[j] = q
             bad |= (p - p != 0) | (q - q != 0)
         for iw in range(2 * pairs, width):
             column = iw + pad_w
