@@ -68,15 +68,14 @@ def _merge(kernel: LoopKernel, k: int) -> LoopKernel | None:
 
 def coalesce_axes(kernel: LoopKernel) -> LoopKernel:
     """`kernel` with every mergeable pair of adjacent inner axes merged (module docstring); one
-    with an empty inner axis, whose loops never run, as it is (there is no extent to divide by)."""
+    with an empty inner axis, whose loops never run, as it is (there is no extent to divide by).
+
+    One pass from the innermost pair outwards: a merge at k leaves the axes before k as they
+    were, and a pair (k + 1, k + 2) that did not merge cannot merge as (merged k, k + 2)
+    either: a reduction splits it the same way, and the merged axis carries k + 1's load
+    coefficients (an axis k + 1 of extent 1 fails on a reduction alone)."""
     if 0 in kernel.domain[1:]:
         return kernel
-    k = len(kernel.domain) - 2
-    while k >= 1:
-        merged = _merge(kernel, k)
-        if merged is not None:
-            kernel = merged
-            k = min(k, len(kernel.domain) - 2)
-        else:
-            k -= 1
+    for k in range(len(kernel.domain) - 2, 0, -1):
+        kernel = _merge(kernel, k) or kernel
     return kernel

@@ -138,8 +138,9 @@ def _gather(data, pos, pre_offsets, post_offsets, run, run_stride, parts, out):
         first, last = part * block, min((part + 1) * block, rows)
         if table_rows:
             offset = pre_offsets[0] + post_offsets[0]
+            ahead_until = last - GATHER_AHEAD if step == 1 else first  # contiguous rows only
             for p in range(first, last):
-                if step == 1 and p + GATHER_AHEAD < last:
+                if p < ahead_until:
                     ahead = np.uint64(pos[p + GATHER_AHEAD] + offset)
                     for b in range(0, run, line):
                         prefetch_read(data, ahead + np.uint64(b))
