@@ -18,8 +18,14 @@ the environment says otherwise; `gradcompiler/__init__.py` sets it on import,
 before Numba can start its OpenMP pool): a
 step alternates our parallel loops with BLAS calls, and OpenMP threads that
 spin after a loop take the cores from the BLAS threads, and the other way
-round. On a busy 2-core machine that made the mlp step 25× slower; on an
-idle one passive waiting costs nothing measurable. OpenBLAS's threads spin
+round. On a busy 2-core machine that made the mlp step 25× slower. Passive
+waiting has its price where waking a thread is slow: on a 2-core Intel guest
+an empty parallel loop took 66-71 µs against 1.5 µs with the threads still
+spinning, and letting them spin 10,000 times first (`GOMP_SPINCOUNT`) made
+the loop-heavy steps faster (pixel_shuffle 0.80, spatial_transformer 0.89 of
+the time) but the gpt step slower (1.08 and 1.17: the spinning threads hold
+the cores its threaded products need; two alternated pairs of processes), so
+PASSIVE stays. OpenBLAS's threads spin
 too, for 2^28 cycles after each threaded product by default: a parallel
 loop right after a GEMM then shares a core with a spinning thread (a
 130 µs loop took 530 µs, 360 µs without the spin), and the gpt step took
