@@ -58,7 +58,7 @@ def _merge(kernel: LoopKernel, k: int) -> LoopKernel | None:
                 index = substitute(instr.expr.index, mapping, domain)
                 if _digits_read(index, k):
                     return None
-                instr = dataclasses.replace(instr, expr=Load(instr.expr.param, index))
+                instr = dataclasses.replace(instr, expr=dataclasses.replace(instr.expr, index=index))
             instrs.append(instr)
         reductions = tuple(dataclasses.replace(r, axes=tuple(sorted({a - 1 if a > k else a for a in r.axes})))
                            for r in phase.reductions)

@@ -514,7 +514,7 @@ def _compile(outputs, target: str, passes, extra_passes, debug: bool,
     _check_dtypes(graph, target)
     timings["passes"] = time.perf_counter() - start
     start = time.perf_counter()
-    program = lower(graph, ctx.fusion, ctx.memory)
+    program = lower(graph, ctx.fusion, ctx.memory, absorb_gathers=target == "cpu")
     timings["lowering"] = time.perf_counter() - start
     arena_sizes = ctx.memory.buffer_sizes if ctx.memory else None
     _check_memory(graph, program, arena_sizes, target)

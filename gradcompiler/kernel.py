@@ -17,7 +17,7 @@ A `LoopKernel` is one fused loop nest:
   index excludes axis 0), so it never goes to main memory.
 * `phases`: one or more passes over the inner axes, run one after another
   for each index of axis 0. A phase holds an SSA list of instructions
-  (`Load`, `Compute`, `RowValue`) and what it produces: `Store`s of full
+  (`Load`, direct or indirect, `Compute`, `RowValue`) and what it produces: `Store`s of full
   domain values and `Reduction`s over a subset of the domain axes. A later
   phase may read what an earlier phase produced for the same `i0` (a row
   mean, then the variance around it, then the normalised row): that is how
@@ -58,10 +58,19 @@ class BufferParam:
 
 @dataclass(frozen=True)
 class Load:
-    """Read parameter `param` at flat offset `index` (within the row for a `row` param)."""
+    """Read parameter `param` at flat offset `index` (within the row for a `row` param),
+    plus, for an indirect read, the value of the earlier integer variable `offset`.
+
+    An indirect read is how a loop reads a gather it absorbed (`lower`): `offset` is a row's
+    flat position, loaded from the positions the gather's index check wrote, and `index`
+    walks the row. The offset is a variable rather than an atom of `index` because its
+    value is only known at run time: the index algebra cannot simplify around it, and a
+    backend computes it once per row (at its variable's loop level) instead of per point.
+    """
 
     param: int
     index: Index
+    offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -192,12 +201,33 @@ class KernelStep:
         return tuple(b for b, p in zip(self.args, self.kernel.params) if p.role == "out")
 
 
+@dataclass(frozen=True)
+class RowPositions:
+    """The op of a `LibraryStep` that writes where each row a gather of whole rows reads starts.
+
+    For `table[idx]` (advanced indexing of axis 0 alone, op-reference §7.2) whose values
+    only a loop reads, lowering can drop the copy of the rows: this step checks and wraps
+    the index as the gather would (its error names the gather), and writes position
+    p = wrap(idx[p])·(row size), which the loop adds to its offset within the row
+    (`Load.offset`). Not a graph op: only lowering makes one, for the gather `gather`.
+    """
+
+    gather: Op
+
+    @property
+    def label(self) -> str:
+        return self.gather.label
+
+    def describe(self) -> str:
+        return f"RowPositions({self.gather.describe()})"
+
+
 @dataclass
 class LibraryStep:
     """Call the library kernel of `op` on buffers `inputs`, writing buffer `output`."""
 
     name: str
-    op: Op
+    op: Op | RowPositions
     inputs: tuple[int, ...]
     output: int
     node: int

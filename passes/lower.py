@@ -20,6 +20,15 @@ earlier phase is read back from its output buffer, or, when nothing
 outside the loop needs it, from a per-thread `row` scratch buffer.
 Parameters are numbered in order of first use, so equal structures lower
 to equal kernels whatever their node ids.
+
+Absorbed gathers (`absorb_gathers`, the CPU target): a gather of whole rows,
+`table[idx]`, whose values only its epilogue reads, is not copied. The call
+becomes a `RowPositions` step, which checks and wraps the index as the
+gather would and writes where each row starts; the epilogue reads the rows
+from the table through those positions (`Load.offset`). The gathered values
+are then never written and read back: the embedding step ran in 0.90 of the
+time (3.6-3.7 ms against 4.0-4.1, four of five alternated pairs of processes,
+one even). The CUDA target keeps the call: its gather has no positions step.
 """
 
 from __future__ import annotations
@@ -43,10 +52,12 @@ from gradcompiler.kernel import (
     Phase,
     Program,
     Reduction,
+    RowPositions,
     RowValue,
     Store,
 )
 from gradcompiler.ops.elemwise import Cast, Elemwise, StopGradient
+from gradcompiler.ops.indexing import IndexingMultiAxisVec, TensorItem
 from gradcompiler.ops.reduce import Reduce
 from gradcompiler.ops.shape import FastpathCopy
 from gradcompiler.ops.source import Constant, Fill, Placeholder
@@ -139,6 +150,8 @@ class _LoopEmitter(ConeWalker[int]):
 
     def read(self, node, index):
         d = node.id
+        if d in self.program.row_positions:
+            return self._read_gathered_row(node, index)
         if d in self.phase_of:
             if self.phase_of[d] == self.phase:
                 return self.root_var[d]
@@ -149,6 +162,18 @@ class _LoopEmitter(ConeWalker[int]):
             row = ravel(index[1:], node.type.shape[1:])
             return self._emit(Load(self._node_param(node, "row"), row), node.type.dtype)
         return self._emit(Load(self._node_param(node, "in"), ravel(index, node.type.shape)), node.type.dtype)
+
+    def _read_gathered_row(self, node: Node, index) -> int:
+        """`table[idx]` at `index`, read from the table through the row's position (an absorbed
+        gather, `_ProgramBuilder.add_library`): the position at the index's leading axes
+        (idx's), then the row at its trailing ones."""
+        table, idx = (self.graph[i] for i in node.inputs)
+        lead = idx.type.ndim
+        positions = self._param(("positions", node.id), "in", np.dtype(np.int64), idx.type.size,
+                                self.program.row_positions[node.id])
+        offset = self._emit(Load(positions, ravel(index[:lead], idx.type.shape)), np.int64)
+        row = ravel(index[lead:], table.type.shape[1:])
+        return self._emit(Load(self._node_param(table, "in"), row, offset), node.type.dtype)
 
     def scalar(self, node):
         buffer = self.program.scalar_buffer(node)
@@ -200,11 +225,20 @@ class _LoopEmitter(ConeWalker[int]):
         return Reduction(param, var, _REDUCE_MODES[mode], axes, divisor)
 
 
+def gathers_whole_rows(graph: Graph, node: Node) -> bool:
+    """`table[idx]`: advanced indexing of axis 0 by one index tensor, nothing else (§7.2), so
+    each index picks a contiguous row and the gather is a row position plus an offset in it."""
+    return (isinstance(node.op, IndexingMultiAxisVec) and node.op.items == (TensorItem(0),)
+            and len(node.inputs) == 2)
+
+
 class _ProgramBuilder:
-    def __init__(self, graph: Graph, plan: FusionPlan, memory: MemoryPlan | None):
+    def __init__(self, graph: Graph, plan: FusionPlan, memory: MemoryPlan | None, absorb_gathers: bool):
         self.graph = graph
         self.plan = plan
         self.memory = memory
+        self.absorb_gathers = absorb_gathers
+        self.row_positions: dict[int, int] = {}  # absorbed gather -> the buffer of its row positions
         self.buffers: list[BufferSpec] = []
         self.buffer_of: dict[int, int] = {}
         self.scalar_of: dict[int, int] = {}
@@ -255,6 +289,9 @@ class _ProgramBuilder:
     def add_library(self, group: FusedLibrary) -> None:
         call = self.graph[group.call]
         epilogue = group.epilogue
+        if epilogue is not None and self.absorb_gathers and gathers_whole_rows(self.graph, call):
+            self.add_absorbed_gather(group)
+            return
         if epilogue is not None:
             donated = self.memory.donated if self.memory is not None else {}
             target = next(r for r in epilogue.outputs if r not in donated
@@ -265,6 +302,18 @@ class _ProgramBuilder:
         self.steps.append(LibraryStep(group.name, call.op, inputs, self.buffer(call.id), call.id))
         if epilogue is not None:
             self.add_loop(epilogue)
+
+    def add_absorbed_gather(self, group: FusedLibrary) -> None:
+        """A gather of whole rows read by its epilogue alone: the call checks the index and
+        writes each row's position, and the epilogue reads the rows from the table itself
+        (module docstring), so the gathered values are never written and read back."""
+        call = self.graph[group.call]
+        table, idx = (self.graph[i] for i in call.inputs)
+        positions = self._add(BufferSpec(idx.type.shape, np.dtype(np.int64), "temp"), None)
+        self.row_positions[call.id] = positions
+        self.steps.append(LibraryStep(f"{group.name}_positions", RowPositions(call.op),
+                                      (self.buffer(table.id), self.buffer(idx.id)), positions, call.id))
+        self.add_loop(group.epilogue)
 
     def add_alias(self, group) -> None:
         node = self.graph[group.outputs[0]]
@@ -285,6 +334,8 @@ class _ProgramBuilder:
                        frozenset(k for k, o in enumerate(self.graph.outputs) if o in donated))
 
 
-def lower(graph: Graph, plan: FusionPlan, memory: MemoryPlan | None = None) -> Program:
-    """The Kernel IR program of `graph` executed as `plan` says (module docstring)."""
-    return _ProgramBuilder(graph, plan, memory).build()
+def lower(graph: Graph, plan: FusionPlan, memory: MemoryPlan | None = None, *,
+          absorb_gathers: bool = False) -> Program:
+    """The Kernel IR program of `graph` executed as `plan` says (module docstring);
+    `absorb_gathers` where the target reads rows through positions (`RowPositions`)."""
+    return _ProgramBuilder(graph, plan, memory, absorb_gathers).build()

@@ -39,6 +39,7 @@ import numpy as np
 from numba import njit, prange
 
 from ...errors import IndexOutOfRangeError
+from ...kernel import RowPositions
 from ...ops.indexing import (
     IndexingIncrMultiAxisVec,
     IndexingMultiAxisVec,
@@ -57,15 +58,9 @@ from .library import (
     library_kernel,
     partition_count,
 )
-from .prefetch import CACHE_LINE, prefetch_read
+from .prefetch import CACHE_LINE, GATHER_AHEAD, prefetch_read
 
 # -- loops -------------------------------------------------------------------------------------
-
-GATHER_AHEAD = 8
-"""Indices ahead whose table row a gather asks for while copying the current one: the rows are
-random, so no hardware prefetcher finds them; 4 to 16 ahead gathered the embedding's 65,536 rows
-of 256 bytes in 0.6-0.8 of the time (blocks of 40 calls in turn, one process)."""
-
 
 @ParallelLoop
 def _flat_positions(indices, sizes, strides, base, pos):
@@ -243,8 +238,10 @@ class _AdvancedRegion:
         self.op = op
         self.plans: dict[tuple, _Plan] = {}
 
-    def positions(self, shape: tuple[int, ...], indices: Sequence[np.ndarray]
-                  ) -> tuple[_Plan, np.ndarray]:
+    def positions(self, shape: tuple[int, ...], indices: Sequence[np.ndarray],
+                  pos: np.ndarray | None = None) -> tuple[_Plan, np.ndarray]:
+        """The plan of `shape` and the flat position of every index tuple (into `pos` when
+        given), every index checked first."""
         key = (shape, *(i.shape for i in indices))
         plan = self.plans.get(key)
         if plan is None:
@@ -253,7 +250,7 @@ class _AdvancedRegion:
             stacked = np.ascontiguousarray(indices[0]).reshape(1, -1)
         else:
             stacked = np.stack([np.broadcast_to(i, plan.block).ravel() for i in indices])
-        pos = np.empty(stacked.shape[1], np.int64)
+        pos = np.empty(stacked.shape[1], np.int64) if pos is None else pos
         if _flat_positions(stacked.size, stacked, plan.sizes, plan.strides, plan.base, pos):
             self.raise_first_bad(plan, indices)
         return plan, pos
@@ -280,6 +277,18 @@ def _indexing_multi_axis_vec(op: IndexingMultiAxisVec) -> LibraryKernel:
                 partition_count(out.size), out.reshape(-1))
 
     return gather
+
+
+@library_kernel.register
+def _row_positions(op: RowPositions) -> LibraryKernel:
+    """Where each row of a gather of whole rows starts (`kernel.RowPositions`): the gather's
+    own index check and positions, written into `out`."""
+    region = _AdvancedRegion(op.gather)
+
+    def positions(table: np.ndarray, index: np.ndarray, *, out: np.ndarray) -> None:
+        region.positions(table.shape, (index,), out.reshape(-1))
+
+    return positions
 
 
 def _scatter_kernel(op, accumulate: bool) -> LibraryKernel:

@@ -32,6 +32,13 @@ from numba.extending import intrinsic
 CACHE_LINE = 64
 """Bytes a prefetch brings in: one per this many bytes covers a run."""
 
+GATHER_AHEAD = 8
+"""Indices ahead whose table row a gather asks for while reading the current one (the library
+gather, and a loop reading a gather it absorbed): the rows are random, so no hardware
+prefetcher finds them; 4 to 16 ahead gathered the embedding's 65,536 rows of 256 bytes in
+0.6-0.8 of the time (blocks of 40 calls in turn, one process), and the fused tanh loop over
+them in 0.57 (1.42 ms against 2.51 with none)."""
+
 
 def _prefetch(write: int):
     def typer(typingctx, array, index):

@@ -186,6 +186,8 @@ class _Writer:
         for instr in self.kernel.phases[phase].instrs:
             expr = instr.expr
             if isinstance(expr, Load):
+                # lowering absorbs gathers (indirect loads) for the CPU target alone
+                assert expr.offset is None, "an indirect load reached the CUDA code generator"
                 text = self._at(expr.param, expr.index)
             elif isinstance(expr, RowValue):
                 text = f"r{expr.reduction}"
