@@ -225,7 +225,7 @@ class _LoopEmitter(ConeWalker[int]):
         return Reduction(param, var, _REDUCE_MODES[mode], axes, divisor)
 
 
-def gathers_whole_rows(graph: Graph, node: Node) -> bool:
+def _gathers_whole_rows(node: Node) -> bool:
     """`table[idx]`: advanced indexing of axis 0 by one index tensor, nothing else (§7.2), so
     each index picks a contiguous row and the gather is a row position plus an offset in it."""
     return (isinstance(node.op, IndexingMultiAxisVec) and node.op.items == (TensorItem(0),)
@@ -289,7 +289,7 @@ class _ProgramBuilder:
     def add_library(self, group: FusedLibrary) -> None:
         call = self.graph[group.call]
         epilogue = group.epilogue
-        if epilogue is not None and self.absorb_gathers and gathers_whole_rows(self.graph, call):
+        if epilogue is not None and self.absorb_gathers and _gathers_whole_rows(call):
             self.add_absorbed_gather(group)
             return
         if epilogue is not None:

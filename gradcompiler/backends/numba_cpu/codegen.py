@@ -294,38 +294,36 @@ class _Writer:
         heaviest = max(range(len(work)), key=work.__getitem__)
         return heaviest, tuple([("prefetch_read", p) for p in reads] + [("prefetch_write", p) for p in writes])
 
-    def _indirect_rows_ahead(self) -> dict[int, list[tuple[Load, tuple[tuple[int, int, int], ...]]]]:
-        """Per phase, the rows its indirect loads (a gather absorbed by `lower`) read, to ask for
-        GATHER_AHEAD rows ahead: (position load, (table param, first offset, last offset)...)
-        for each row position loaded once per row (its index depends on axis 0 alone); rank-2
-        and wider domains only, where a row is an inner loop's worth of work."""
+    def _indirect_rows_ahead(self) -> dict[tuple[int, int], tuple[Load, set[tuple[int, int, int]]]]:
+        """The rows the indirect loads (a gather absorbed by `lower`) read, to ask for
+        GATHER_AHEAD rows ahead: per (phase, position variable), the position's load and the
+        (table param, first offset, last offset) of each row read through it. Only positions
+        loaded once per row (indexed by axis 0 alone) of rank-2 and wider domains, where a row
+        is an inner loop's worth of work."""
         if self.rank < 2:
             return {}
         loads = {i.var: i.expr for phase in self.kernel.phases for i in phase.instrs if isinstance(i.expr, Load)}
-        ahead: dict[int, dict[int, tuple[Load, set]]] = {}
+        ahead: dict[tuple[int, int], tuple[Load, set[tuple[int, int, int]]]] = {}
         for p, phase in enumerate(self.kernel.phases):
             for instr in phase.instrs:
-                expr = instr.expr
-                if not isinstance(expr, Load) or expr.offset is None:
-                    continue
-                position = loads.get(expr.offset)
+                position = loads.get(instr.expr.offset) if isinstance(instr.expr, Load) else None
                 if position is None or position.offset is not None or position.index.axes() != {0}:
                     continue
-                lo, hi = expr.index.bounds(self.kernel.domain)
-                entry = ahead.setdefault(p, {}).setdefault(expr.offset, (position, set()))
-                entry[1].add((expr.param, lo, hi))
-        return {p: [(position, tuple(sorted(rows))) for position, rows in by_var.values()]
-                for p, by_var in ahead.items()}
+                lo, hi = instr.expr.index.bounds(self.kernel.domain)
+                ahead.setdefault((p, instr.expr.offset), (position, set()))[1].add((instr.expr.param, lo, hi))
+        return ahead
 
     def _prefetch_rows_ahead(self, depth: int, p: int) -> None:
-        """Ask for the table rows GATHER_AHEAD rows of axis 0 ahead (`_indirect_rows_ahead`): the
-        rows are random, so no hardware prefetcher finds them (`prefetch.GATHER_AHEAD`)."""
+        """Ask for phase `p`'s table rows GATHER_AHEAD rows of axis 0 ahead (`_indirect_rows_ahead`):
+        the rows are random, so no hardware prefetcher finds them (`prefetch.GATHER_AHEAD`)."""
         names = list(self.names)
         names[0] = f"{self.names[0]} + {GATHER_AHEAD}"
-        for position, rows in self.rows_ahead.get(p, ()):
+        for (phase, _), (position, rows) in self.rows_ahead.items():
+            if phase != p:
+                continue
             self.emit(depth, f"if {names[0]} < hi:")
             self.emit(depth + 1, f"ahead = np.uint64({_at(f'p{position.param}', position.index.render(names))})")
-            for param, lo, hi in rows:
+            for param, lo, hi in sorted(rows):
                 line = max(CACHE_LINE // self.kernel.params[param].dtype.itemsize, 1)
                 for offset in range(lo, hi + 1, line):
                     self.emit(depth + 1, f"prefetch_read(p{param}, ahead + np.uint64({offset}))")
