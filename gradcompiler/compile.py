@@ -97,13 +97,9 @@ def _forward_label(graph: Graph, node: Node) -> str:
     return _describe(origin) + " (backward)" if origin is not None and node.role == "backward" else _describe(node)
 
 
-def _step_nodes(step) -> tuple[int, ...]:
-    return step.nodes if isinstance(step, KernelStep) else (step.node,)
-
-
 def _step_label(graph: Graph, step) -> str:
     """Kernel name and the forward op each output comes from (for NonFiniteError)."""
-    forward = [_forward_label(graph, graph[n]) for n in _step_nodes(step)]
+    forward = [_forward_label(graph, graph[n]) for n in step.nodes]
     return f"kernel {step.name}, computing {'; '.join(dict.fromkeys(forward[-3:]))}"
 
 
@@ -163,13 +159,14 @@ def _memory_error(graph: Graph, program: Program, what: str) -> MemoryPlanError:
 
 
 def _library_flops(graph: Graph, step: LibraryStep) -> int:
-    op, out = step.op, graph[step.node].type
+    op, node = step.op, graph[step.nodes[0]]
+    out = node.type
     if isinstance(op, (MatrixMul, BatchedMatrixMul)):
-        a = graph[graph[step.node].inputs[0]].type
+        a = graph[node.inputs[0]].type
         k = a.shape[-2] if op.transpose_a else a.shape[-1]
         return 2 * out.size * k
     if isinstance(op, (Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter)):
-        inputs = [graph[i].type for i in graph[step.node].inputs]
+        inputs = [graph[i].type for i in node.inputs]
         g = op.geometry_of(*inputs)  # each of the three is one multiply-add per filter tap
         return 2 * g.n * g.o * g.out[0] * g.out[1] * g.c_per_group * g.kernel[0] * g.kernel[1]
     return 0
@@ -185,8 +182,8 @@ def _kernel_infos(graph: Graph, program: Program, compiled) -> list[KernelInfo]:
                                     step.kernel.flops(), c.module, c.source.parallel, c.compile_seconds,
                                     c.from_cache))
         else:
-            buffers = [program.buffers[b] for b in (*step.inputs, step.output)]
-            infos.append(KernelInfo(step.name, "library", graph[step.node].type.shape, [step.op.label],
+            buffers = [program.buffers[b] for b in (*step.inputs, *step.outputs)]
+            infos.append(KernelInfo(step.name, "library", graph[step.nodes[0]].type.shape, [step.op.label],
                                     sum(b.nbytes for b in buffers), _library_flops(graph, step)))
     return infos
 
@@ -349,7 +346,7 @@ class Executable:
         """`err` (debug mode) naming the op where the reference sees the first NaN or Inf born:
         a fused kernel's output alone cannot tell which of its ops made it."""
         rank = {n: i for i, n in enumerate(self.graph.topo_order())}
-        order = [n for step in self.program.steps for n in sorted(_step_nodes(step), key=rank.__getitem__)]
+        order = [n for step in self.program.steps for n in sorted(step.nodes, key=rank.__getitem__)]
         node = first_non_finite(self.graph, order, {k: v for k, v in feeds.items() if k in self.graph.feed_names})
         if node is None:
             return err

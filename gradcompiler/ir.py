@@ -31,7 +31,7 @@ import heapq
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -120,6 +120,13 @@ class Op:
 
     def reference(self, *arrays: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def sibling_key(self, inputs: tuple[int, ...], types: tuple[TensorType, ...]) -> Hashable | None:
+        """For a library op: a key that a call of another op reading the same values the same
+        way gives too (`inputs`: the call's input node ids, `types`: their types). Fusion
+        makes such calls one step that a backend may run as one pass (`kernel.SiblingCalls`).
+        None, the default: the call has no sibling."""
+        return None
 
     def shape_error(self, message: str) -> ShapeError:
         return ShapeError(message, op=self.label)

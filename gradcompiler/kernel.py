@@ -222,15 +222,45 @@ class RowPositions:
         return f"RowPositions({self.gather.describe()})"
 
 
+@dataclass(frozen=True)
+class SiblingCalls:
+    """The op of a `LibraryStep` that makes the values of several library calls at once.
+
+    Calls whose ops give one `Op.sibling_key` read the same values the same way (a warp's
+    two gradients walk the same taps of the same upstream gradient), so fusion puts them in
+    one group. A backend with a joint kernel for them makes every output in one pass (the
+    CPU's warp gradients); any other runs each op's own kernel in turn. `arguments[k]` are
+    op k's inputs, as positions in the step's inputs. Not a graph op: only fusion makes one.
+    """
+
+    ops: tuple[Op, ...]
+    arguments: tuple[tuple[int, ...], ...]
+
+    @property
+    def label(self) -> str:
+        return " + ".join(op.label for op in self.ops)
+
+    def describe(self) -> str:
+        return f"SiblingCalls({', '.join(op.describe() for op in self.ops)})"
+
+    def part(self, k: int, values: tuple):
+        """Op k's inputs among the step's `values`."""
+        return tuple(values[a] for a in self.arguments[k])
+
+
 @dataclass
 class LibraryStep:
-    """Call the library kernel of `op` on buffers `inputs`, writing buffer `output`."""
+    """Call the library kernel of `op` on buffers `inputs`, writing buffers `outputs`: one, or
+    one per op of a `SiblingCalls`; `nodes` are the graph nodes whose values they hold.
+
+    The kernel is called `kernel(*inputs, out=out)`, with `out` the one output buffer, or
+    the tuple of them for `SiblingCalls`."""
 
     name: str
-    op: Op | RowPositions
+    op: Op | RowPositions | SiblingCalls
     inputs: tuple[int, ...]
-    output: int
-    node: int
+    outputs: tuple[int, ...]
+    nodes: tuple[int, ...]
 
 
 Step = KernelStep | LibraryStep

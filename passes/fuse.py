@@ -48,6 +48,15 @@ registers) and cannot be one that must be written over a feed (donation: the
 call would overwrite the feed before the loop reads it); else the loop runs on
 its own.
 
+Sibling calls: a library call whose op gives the `Op.sibling_key` of an
+earlier call's op (a warp's BackwardMat after its BackwardData: the same
+taps of the same upstream gradient) joins that call's group when that
+creates no cycle, and the two become one step (`kernel.SiblingCalls`) that
+a backend may run as one pass. Such a group takes no epilogue. On the CPU
+the spatial_transformer's two warp gradients then took 1.65-1.68 ms against
+1.04 + 1.11 ms as two calls, and its step 2.53 ms against 3.04 (medians of
+100-200 steps, a 2-core Intel guest).
+
 A forward value recomputed for the backward (`remat`) joins only a loop that
 holds backward work: in a loop of the forward it would be computed, and
 kept, in the forward again; and it is visited just before its first reader.
@@ -69,6 +78,7 @@ it relates. `ctx.work` counts the cone walks and visits, for the tests.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -107,10 +117,12 @@ class FusedLoop(FusionGroup):
 
 @dataclass(frozen=True)
 class FusedLibrary(FusionGroup):
-    """A library call, optionally followed by a loop that updates its output in place."""
+    """A library call, optionally followed by a loop that updates its output in place, or a
+    call and its `siblings`, made by one step (module docstring)."""
 
     call: int = -1
     epilogue: FusedLoop | None = None
+    siblings: tuple[int, ...] = ()
 
 
 def op_weight(node: Node) -> int:
@@ -288,6 +300,7 @@ class _Planner:
         self.groups: list[_Group] = []
         self.producer: dict[int, int] = {}  # materialised node -> group index
         self.loop_readers: dict[int, set[int]] = {}  # value -> the loop groups that read it
+        self.siblings: dict[Hashable, int] = {}  # sibling key -> the library group a call may join
         self.dag = KernelDag(work)
 
     def _new(self, group: _Group, deps) -> int:
@@ -311,13 +324,40 @@ class _Planner:
         if cls == "buffer_source" or isinstance(node.op, Constant):
             self._new(_Group("source", roots=[node_id]), ())
         elif cls == "library":
-            self._new(_Group("library", roots=[node_id], reads={i: set() for i in node.inputs},
-                             computes={node_id}), node.inputs)
+            self._add_call(node)
         elif is_alias(self.graph, node_id, self.materialised):
             self._new(_Group("alias", roots=[node_id], reads={node.inputs[0]: set()}, computes={node_id}),
                       node.inputs)
         else:
             self._add_root(node_id)
+
+    def _add_call(self, node: Node) -> None:
+        """A library call: its own group, or that of an earlier sibling (module docstring)."""
+        key = node.op.sibling_key(node.inputs, tuple(self.graph[i].type for i in node.inputs))
+        index = self.siblings.pop(key, None) if key is not None else None
+        if index is not None and self._joins(index, node):
+            group = self.groups[index]
+            group.roots.append(node.id)
+            group.computes.add(node.id)
+            for i in node.inputs:
+                group.reads.setdefault(i, set())
+                if i in self.producer:
+                    self.dag.add_edge(self.producer[i], index)
+            self.producer[node.id] = index
+            return
+        index = self._new(_Group("library", roots=[node.id], reads={i: set() for i in node.inputs},
+                                 computes={node.id}), node.inputs)
+        if key is not None:
+            self.siblings[key] = index
+
+    def _joins(self, index: int, node: Node) -> bool:
+        """Whether call `node` may join the library group `index` of its sibling: an op of
+        another class, and no input that the group makes or that depends on it."""
+        group = self.groups[index]
+        if any(type(self.graph[r].op) is type(node.op) for r in group.roots):
+            return False
+        producers = {self.producer[i] for i in node.inputs if i in self.producer}
+        return index not in producers and not self.dag.reaches_any(index, producers)
 
     def _worth_sharing(self, value: int) -> bool:
         """Whether two loops reading `value` gain by being one: not for one element (module
@@ -418,7 +458,8 @@ class _Planner:
                 continue
             for d in group.reads:
                 lib = self.producer.get(d)
-                if lib is None or self.groups[lib].kind != "library" or self.groups[lib].epilogue:
+                if (lib is None or self.groups[lib].kind != "library" or self.groups[lib].epilogue
+                        or len(self.groups[lib].roots) > 1):
                     continue
                 if d in outputs or readers.get(d) != {index} or not self._in_place_target(
                         group, d, targets):
@@ -526,11 +567,12 @@ def _finish(graph: Graph, group: _Group, name: str, nodes: list[int], needed_out
     if group.kind == "loop":
         return _loop_group(graph, group, name, nodes, needed_outside, position)
     if group.kind == "library":
-        call = group.roots[0]
+        call, *siblings = group.roots
         epilogue = group.epilogue
         if epilogue is None:
-            return FusedLibrary(f"{name}_library", "library", tuple(nodes), (call,),
-                                tuple(dict.fromkeys(graph[call].inputs)), call=call)
+            return FusedLibrary(f"{name}_library", "library", tuple(nodes), tuple(group.roots),
+                                tuple(dict.fromkeys(i for r in group.roots for i in graph[r].inputs)),
+                                call=call, siblings=tuple(siblings))
         loop = _loop_group(graph, epilogue, f"{name}_epilogue", (), needed_outside, position)
         inputs = tuple(sorted((set(graph[call].inputs) | set(loop.inputs)) - {call}))
         return FusedLibrary(f"{name}_library", "library", tuple(nodes), loop.outputs, inputs,

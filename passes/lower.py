@@ -21,6 +21,10 @@ outside the loop needs it, from a per-thread `row` scratch buffer.
 Parameters are numbered in order of first use, so equal structures lower
 to equal kernels whatever their node ids.
 
+A call with siblings (`FusedLibrary.siblings`) becomes one `LibraryStep`
+whose op is a `SiblingCalls`: it reads the union of the calls' inputs and
+writes one buffer per call.
+
 Absorbed gathers (`absorb_gathers`, the CPU target): a gather of whole rows,
 `table[idx]`, whose values only its epilogue reads, is not copied. The call
 becomes a `RowPositions` step, which checks and wraps the index as the
@@ -54,6 +58,7 @@ from gradcompiler.kernel import (
     Reduction,
     RowPositions,
     RowValue,
+    SiblingCalls,
     Store,
 )
 from gradcompiler.ops.elemwise import Cast, Elemwise, StopGradient
@@ -298,10 +303,23 @@ class _ProgramBuilder:
                           and node_class(self.graph[r]) != "reduction"
                           and self.graph[r].type == call.type)
             self.buffer_of[call.id] = self.buffer(target)
+        if group.siblings:
+            self.add_sibling_calls(group)
+            return
         inputs = tuple(self.buffer(i) for i in call.inputs)
-        self.steps.append(LibraryStep(group.name, call.op, inputs, self.buffer(call.id), call.id))
+        self.steps.append(LibraryStep(group.name, call.op, inputs, (self.buffer(call.id),), (call.id,)))
         if epilogue is not None:
             self.add_loop(epilogue)
+
+    def add_sibling_calls(self, group: FusedLibrary) -> None:
+        """A call and its siblings as one step: the union of their inputs, one output each."""
+        calls = [self.graph[c] for c in (group.call, *group.siblings)]
+        values = list(dict.fromkeys(i for call in calls for i in call.inputs))
+        op = SiblingCalls(tuple(call.op for call in calls),
+                          tuple(tuple(values.index(i) for i in call.inputs) for call in calls))
+        self.steps.append(LibraryStep(group.name, op, tuple(self.buffer(i) for i in values),
+                                      tuple(self.buffer(call.id) for call in calls),
+                                      tuple(call.id for call in calls)))
 
     def add_absorbed_gather(self, group: FusedLibrary) -> None:
         """A gather of whole rows read by its epilogue alone: the call checks the index and
@@ -312,7 +330,7 @@ class _ProgramBuilder:
         positions = self._add(BufferSpec(idx.type.shape, np.dtype(np.int64), "temp"), None)
         self.row_positions[call.id] = positions
         self.steps.append(LibraryStep(f"{group.name}_positions", RowPositions(call.op),
-                                      (self.buffer(table.id), self.buffer(idx.id)), positions, call.id))
+                                      (self.buffer(table.id), self.buffer(idx.id)), (positions,), (call.id,)))
         self.add_loop(group.epilogue)
 
     def add_alias(self, group) -> None:

@@ -223,6 +223,13 @@ class _WarpChecks:
         if isinstance(self.border_val, bool) or not isinstance(self.border_val, (int, float)):
             raise self.shape_error(f"border_val must be a number, got {self.border_val!r}")
 
+    def gradient_key(self, src_shape: tuple[int, ...], mat_idx_and_g: tuple[int, ...]) -> tuple:
+        """`Op.sibling_key` of the two backward ops: a warp's BackwardData and BackwardMat
+        sample the same taps (same matrix, mat_idx, sampling and source shape) and read the
+        same upstream gradient, so one pass over the pixels can make both."""
+        return ("warp gradients", self.border_mode, float(self.border_val), self.format,
+                tuple(src_shape), *mat_idx_and_g)
+
     def check_image(self, t: TensorType, what: str) -> tuple[int, int, int, int]:
         """(N, C, H, W) of a float image input, with H and W positive."""
         require_float(self, t, what)
@@ -364,6 +371,9 @@ class WarpPerspectiveBackwardData(_WarpChecks, Op):
                 f"g {g.shape} has {gc} channels but src_shape {self.src_shape} has {c}")
         return TensorType(self.src_shape, dtype)
 
+    def sibling_key(self, inputs, types):
+        return self.gradient_key(self.src_shape, inputs)
+
     def reference(self, *arrays):
         mat, mat_idx, g = split_backward_inputs(arrays, with_src=False)
         g_hwc = _channels_last(g, self.format)
@@ -401,6 +411,9 @@ class WarpPerspectiveBackwardMat(_WarpChecks, Op):
             raise self.shape_error(
                 f"g {g.shape} must hold {n} images of {c} channels ({self.format})")
         return TensorType((n, 3, 3), dtype)
+
+    def sibling_key(self, inputs, types):
+        return self.gradient_key(types[0].shape, inputs[1:])
 
     def reference(self, *arrays):
         src, mat, mat_idx, g = split_backward_inputs(arrays, with_src=True)

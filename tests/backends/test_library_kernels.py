@@ -24,6 +24,7 @@ import pytest
 from gradcompiler.backends.numba_cpu import library, library_linalg, library_vision
 from gradcompiler.backends.numba_cpu.library import library_kernel, run_library_op
 from gradcompiler.errors import IndexOutOfRangeError
+from gradcompiler.kernel import SiblingCalls
 from gradcompiler.ops.indexing import (
     IndexingIncrMultiAxisVec,
     IndexingMultiAxisVec,
@@ -371,6 +372,24 @@ def _matrices(rng, n):
     return m.astype(np.float32)
 
 
+def assert_gradients_match(mode, border_val, fmt, src, mat, mat_idx, g, atol=(0.0, 0.0)):
+    """Both backward ops as one `SiblingCalls` (the joint one-pass kernel, `_gradients_loop`),
+    each output against its op's reference (`atol`: BackwardData's, BackwardMat's), with the
+    two ops in either order."""
+    data = WarpPerspectiveBackwardData(src.shape, mode, border_val, fmt)
+    mat_op = WarpPerspectiveBackwardMat(mode, border_val, fmt)
+    values = (src, mat, *(() if mat_idx is None else (mat_idx,)), g)
+    parts = {data: tuple(range(1, len(values))), mat_op: tuple(range(len(values)))}
+    want = {data: data.reference(*values[1:]), mat_op: mat_op.reference(*values)}
+    for ops in ((data, mat_op), (mat_op, data)):
+        joint = SiblingCalls(ops, tuple(parts[o] for o in ops))
+        got = tuple(np.full(want[o].shape, np.nan, want[o].dtype) for o in ops)
+        library_kernel(joint)(*values, out=got)
+        for o, array in zip(ops, got):
+            np.testing.assert_allclose(array, want[o], rtol=RTOL[array.dtype], atol=atol[o is mat_op],
+                                       equal_nan=True, err_msg=f"{o.describe()} in {joint.describe()}")
+
+
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("mode", MODES)
 def test_warp_perspective_forward_and_backwards(rng, mode, fmt):
@@ -381,10 +400,12 @@ def test_warp_perspective_forward_and_backwards(rng, mode, fmt):
     g = randn(rng, out.shape)
     assert_matches(WarpPerspectiveBackwardData(src.shape, mode, 0.7, fmt), mat, mat_idx, g, atol=1e-5)
     assert_matches(WarpPerspectiveBackwardMat(mode, 0.7, fmt), src, mat, mat_idx, g, atol=1e-4)
+    assert_gradients_match(mode, 0.7, fmt, src, mat, mat_idx, g, atol=(1e-5, 1e-4))
     # without mat_idx: one matrix per image
     assert_matches(WarpPerspective((5, 8), mode, 0.7, fmt), src, mat[:2], atol=1e-6)
     assert_matches(WarpPerspectiveBackwardData(src.shape, mode, 0.7, fmt), mat[:2], g[:2], atol=1e-5)
     assert_matches(WarpPerspectiveBackwardMat(mode, 0.7, fmt), src, mat[:2], g[:2], atol=1e-4)
+    assert_gradients_match(mode, 0.7, fmt, src, mat[:2], None, g[:2], atol=(1e-5, 1e-4))
 
 
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
@@ -414,6 +435,7 @@ def test_warp_non_finite_matrix_matches_reference(rng):
         g = randn(rng, out.shape)
         assert_matches(WarpPerspectiveBackwardMat(mode, 0.25, "NCHW"), src, mat, g, atol=1e-4)
         assert_matches(WarpPerspectiveBackwardData(src.shape, mode, 0.25, "NCHW"), mat, g, atol=1e-5)
+        assert_gradients_match(mode, 0.25, "NCHW", src, mat, None, g, atol=(1e-5, 1e-4))
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference's inf - inf, 0 * inf
@@ -435,6 +457,7 @@ def test_warps_of_non_finite_images_and_gradients_over_several_row_blocks(parall
     g.reshape(-1)[3::11] = np.nan
     assert_matches(WarpPerspectiveBackwardData(src.shape, mode, 0.7, "NCHW"), mat, mat_idx, g)
     assert_matches(WarpPerspectiveBackwardMat(mode, 0.7, "NCHW"), src, mat, mat_idx, g, atol=1e-10)
+    assert_gradients_match(mode, 0.7, "NCHW", src, mat, mat_idx, g, atol=(0.0, 1e-10))
     v = randn(rng, mat.shape, np.float64)
     assert_matches(WarpPerspectiveTangentMat((11, 5), mode, 0.7, "NCHW"), src, mat, mat_idx, v, atol=1e-10)
 
@@ -508,6 +531,17 @@ def test_parallel_one_hot(parallel_loops, rng):
 
 
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+def test_warp_gradients_of_unread_images_and_of_no_matrices(parallel_loops, rng, fmt):
+    """The joint kernel zeroes the gradient of an image no matrix reads (its owner thread
+    does), and with no matrices at all the image gradient is zero and the matrix one empty."""
+    src = _images(rng, fmt, n=4)
+    mat = _matrices(rng, 2)
+    g = randn(rng, (2, 3, 5, 8) if fmt == "NCHW" else (2, 5, 8, 3))
+    assert_gradients_match("replicate", 0.0, fmt, src, mat, np.array([2, 2], np.int32), g, atol=(1e-5, 1e-4))
+    assert_gradients_match("constant", 0.5, fmt, src, mat[:0], np.zeros(0, np.int32), g[:0])
+
+
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
 def test_parallel_warps(parallel_loops, rng, fmt):
     src = _images(rng, fmt)
     mat = _matrices(rng, 3)
@@ -516,3 +550,4 @@ def test_parallel_warps(parallel_loops, rng, fmt):
     g = randn(rng, out.shape)
     assert_matches(WarpPerspectiveBackwardData(src.shape, "reflect", 0.0, fmt), mat, mat_idx, g, atol=1e-5)
     assert_matches(WarpPerspectiveBackwardMat("reflect", 0.0, fmt), src, mat, mat_idx, g, atol=1e-4)
+    assert_gradients_match("reflect", 0.0, fmt, src, mat, mat_idx, g, atol=(1e-5, 1e-4))

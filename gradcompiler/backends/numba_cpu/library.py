@@ -63,6 +63,7 @@ from numba import njit
 
 from ...errors import IndexOutOfRangeError
 from ...ir import Op, TensorType
+from ...kernel import SiblingCalls
 
 LibraryKernel = Callable[..., None]
 PARALLEL_MIN_WORK = 1 << 15
@@ -250,6 +251,34 @@ def split_spans(count: int, parts: int) -> list[tuple[int, int]]:
 def library_kernel(op: Op) -> LibraryKernel:
     """The destination-passing kernel of `op`: `kernel(*inputs, out=out) -> None`."""
     raise NotImplementedError(f"the CPU backend has no library kernel for {op.describe()}")
+
+
+_JOINT_KERNELS: dict[frozenset[type], Callable[[SiblingCalls], LibraryKernel]] = {}
+
+
+def joint_kernel(*op_classes: type) -> Callable:
+    """Register a maker of the one-pass kernel of a `SiblingCalls` of these op classes (in
+    any order); it is called `kernel(*inputs, out=(one output per op, in op order))`."""
+    def register(maker: Callable[[SiblingCalls], LibraryKernel]) -> Callable[[SiblingCalls], LibraryKernel]:
+        _JOINT_KERNELS[frozenset(op_classes)] = maker
+        return maker
+    return register
+
+
+@library_kernel.register
+def _sibling_calls(op: SiblingCalls) -> LibraryKernel:
+    """The joint kernel of the calls where one is registered (`joint_kernel`), else each op's
+    own kernel in turn."""
+    maker = _JOINT_KERNELS.get(frozenset(type(o) for o in op.ops))
+    if maker is not None:
+        return maker(op)
+    kernels = [library_kernel(o) for o in op.ops]
+
+    def sibling_calls(*inputs, out):
+        for k, kernel in enumerate(kernels):
+            kernel(*op.part(k, inputs), out=out[k])
+
+    return sibling_calls
 
 
 def run_library_op(op: Op, *inputs: np.ndarray) -> np.ndarray:

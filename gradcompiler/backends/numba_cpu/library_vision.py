@@ -34,6 +34,12 @@ before (medians of 60 steps each, alternated in one process, four times).
   the same pixel and sums are deterministic.
 * BackwardMat: parallel over matrices, float64 sums of the §9.5 terms,
   skipping every non-finite term as MegEngine's kernel does.
+* Both at once (a `SiblingCalls` of the two, which fusion makes when a step
+  needs both gradients of a warp): BackwardData's loop, with BackwardMat's
+  sums made from the same taps and the same read of g
+  (`_add_channel_gradients`); the values are the two loops' own. On the
+  (32, 3, 64, 64) spatial_transformer: 1.65-1.68 ms against 1.04 + 1.11 ms
+  for the two calls.
 * TangentMat (BackwardMat's transpose, for forward mode): parallel over
   blocks of output rows; each pixel sums the same terms over the nine matrix entries
   in float64, with the same skips. `_slopes` and `_coordinate_partials`
@@ -51,6 +57,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ...kernel import SiblingCalls
 from ...ops.vision import (
     WarpAffine,
     WarpPerspective,
@@ -59,7 +66,7 @@ from ...ops.vision import (
     WarpPerspectiveTangentMat,
     split_backward_inputs,
 )
-from .library import LibraryKernel, ParallelLoop, index_error, library_kernel
+from .library import LibraryKernel, ParallelLoop, index_error, joint_kernel, library_kernel
 
 _MODE_CODES = {"replicate": 0, "reflect": 1, "reflect_101": 2, "wrap": 3, "constant": 4}
 _REPLICATE, _REFLECT, _REFLECT_101, _WRAP, _CONSTANT = range(5)
@@ -322,17 +329,38 @@ def _add_pixel_terms(total, sums, src, sc, channels, offsets, points, ow, g, pix
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _add_channel_slopes(sums, src, k, offsets, points, g, line, gw, border_val, constant):
-    """One channel of a row into its `sums` (`_backward_mat_loop`); `constant`: as
-    `_tap_value`."""
-    for ow in range(offsets.shape[1]):
-        ax, ay = _fractions(points, ow)
-        d_x, d_y = _slopes(src, k, offsets, ow, ax, ay, border_val, constant)
-        value = np.float64(g[np.uint64(line + ow * gw)])
-        g_dx, g_dy = value * d_x, value * d_y
-        sums[0, ow] += g_dx
-        sums[1, ow] += g_dy
-        sums[2, ow] += g_dx + g_dy + sums[3, ow]
+def _start_row_sums(sums, points, coords, fy):
+    """Zero a row's `sums` and store each pixel's bound of the partials (`_backward_mat_loop`)."""
+    for ow in range(sums.shape[1]):
+        fx, xs, ys = np.float64(coords[ow]), points[0, ow], points[1, ow]
+        sums[0, ow] = sums[1, ow] = sums[2, ow] = 0.0
+        sums[3, ow] = 1 / points[2, ow] * (fx + fy + 1) * (1 + abs(xs) + abs(ys))
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _add_row_terms(total, sums, src, sc, channels, offsets, weights, points, coords, fy, g, pixels, gw, gc,
+                   border_val):
+    """A row's terms into `total` (`_backward_mat_loop`): the nine partials applied to its
+    `sums`, the pixels whose check is not finite redone a channel at a time; `pixels`: the
+    row's first pixel in g."""
+    a_sum = a_fx = b_sum = b_fx = c_sum = c_fx = 0.0
+    for ow in range(sums.shape[1]):
+        if not _finite(weights, ow):
+            continue
+        fx, xs, ys, den = np.float64(coords[ow]), points[0, ow], points[1, ow], points[2, ow]
+        if not math.isfinite(sums[2, ow]):
+            _add_pixel_terms(total, sums, src, sc, channels, offsets, points, ow, g, pixels + ow * gw, gc,
+                             fx, fy, border_val)
+        inv = 1 / den
+        a, b = sums[0, ow] * inv, sums[1, ow] * inv
+        c_ = -(sums[0, ow] * xs + sums[1, ow] * ys) * inv
+        a_sum, a_fx = a_sum + a, a_fx + a * fx
+        b_sum, b_fx = b_sum + b, b_fx + b * fx
+        c_sum, c_fx = c_sum + c_, c_fx + c_ * fx
+    for j, (by_fx, row_sum) in enumerate(((a_fx, a_sum), (b_fx, b_sum), (c_fx, c_sum))):
+        total[3 * j] += by_fx
+        total[3 * j + 1] += row_sum * fy
+        total[3 * j + 2] += row_sum
 
 
 @ParallelLoop
@@ -357,39 +385,77 @@ def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val,
         sums = np.empty((4, out_w))   # Σ g·∂out/∂xs, Σ g·∂out/∂ys, the check, the bound
         total = np.zeros(9)
         for oh in range(out_h):
-            _row_taps(mats[n], oh, coords, in_h, in_w, mode, images[n] * sn, sh, sw,
-                      offsets, weights, points)
-            fy = np.float64(coords[oh])
-            for ow in range(out_w):
-                fx, xs, ys = np.float64(coords[ow]), points[0, ow], points[1, ow]
-                sums[0, ow] = sums[1, ow] = sums[2, ow] = 0.0
-                sums[3, ow] = 1 / points[2, ow] * (fx + fy + 1) * (1 + abs(xs) + abs(ys))
-            for c in range(channels):
-                k, line = c * sc, n * gn + c * gc + oh * gh
-                if mode == _CONSTANT:
-                    _add_channel_slopes(sums, src, k, offsets, points, g, line, gw, border_val, True)
-                else:
-                    _add_channel_slopes(sums, src, k, offsets, points, g, line, gw, border_val, False)
-            a_sum = a_fx = b_sum = b_fx = c_sum = c_fx = 0.0
-            for ow in range(out_w):
-                if not _finite(weights, ow):
-                    continue
-                fx, xs, ys, den = np.float64(coords[ow]), points[0, ow], points[1, ow], points[2, ow]
-                if not math.isfinite(sums[2, ow]):
-                    _add_pixel_terms(total, sums, src, sc, channels, offsets, points, ow, g,
-                                     n * gn + oh * gh + ow * gw, gc, fx, fy, border_val)
-                inv = 1 / den
-                a, b = sums[0, ow] * inv, sums[1, ow] * inv
-                c_ = -(sums[0, ow] * xs + sums[1, ow] * ys) * inv
-                a_sum, a_fx = a_sum + a, a_fx + a * fx
-                b_sum, b_fx = b_sum + b, b_fx + b * fx
-                c_sum, c_fx = c_sum + c_, c_fx + c_ * fx
-            for j, (by_fx, row_sum) in enumerate(((a_fx, a_sum), (b_fx, b_sum), (c_fx, c_sum))):
-                total[3 * j] += by_fx
-                total[3 * j + 1] += row_sum * fy
-                total[3 * j + 2] += row_sum
+            _add_matrix_row(total, sums, sums[0], False, mats[n], oh, images[n] * sn, src, sc, sh, sw,
+                            channels, in_h, in_w, g, n * gn, gc, gh, gw, coords, mode, border_val,
+                            offsets, weights, points)
         for j in range(9):
             out[n, j] = total[j]
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _add_channel_gradients(sums, grad, scatter, src, k, offsets, weights, points, g, line, gw, border_val,
+                           constant):
+    """One channel of a row: its g·∂out/∂xs and g·∂out/∂ys into the row's `sums`, with the
+    check sum (`_backward_mat_loop`), and with `scatter` its g into `grad` as
+    `_backward_data_loop` does, from the same read of g. `scatter` and `constant` (as
+    `_tap_value`) are literals where the loops call it."""
+    for ow in range(offsets.shape[1]):
+        ax, ay = _fractions(points, ow)
+        d_x, d_y = _slopes(src, k, offsets, ow, ax, ay, border_val, constant)
+        value = np.float64(g[np.uint64(line + ow * gw)])
+        g_dx, g_dy = value * d_x, value * d_y
+        sums[0, ow] += g_dx
+        sums[1, ow] += g_dy
+        sums[2, ow] += g_dx + g_dy + sums[3, ow]
+        if scatter and _finite(weights, ow):       # else no gradient from it
+            for j in range(4):
+                if not constant or offsets[j, ow] >= 0:   # not a border tap
+                    grad[np.uint64(offsets[j, ow] + k)] += weights[j, ow] * value
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _add_matrix_row(total, sums, grad, scatter, m, oh, base, src, sc, sh, sw, channels, in_h, in_w, g,
+                    first, gc, gh, gw, coords, mode, border_val, offsets, weights, points):
+    """Row oh of the matrix `m` (its image at `base`, its g from `first`) into BackwardMat's
+    `total`, and with `scatter` into BackwardData's `grad` too (`_add_channel_gradients`)."""
+    _row_taps(m, oh, coords, in_h, in_w, mode, base, sh, sw, offsets, weights, points)
+    fy = np.float64(coords[oh])
+    _start_row_sums(sums, points, coords, fy)
+    for c in range(channels):
+        k, line = c * sc, first + c * gc + oh * gh
+        if mode == _CONSTANT:
+            _add_channel_gradients(sums, grad, scatter, src, k, offsets, weights, points, g, line, gw,
+                                   border_val, True)
+        else:
+            _add_channel_gradients(sums, grad, scatter, src, k, offsets, weights, points, g, line, gw,
+                                   border_val, False)
+    _add_row_terms(total, sums, src, sc, channels, offsets, weights, points, coords, fy, g, first + oh * gh,
+                   gw, gc, border_val)
+
+
+@ParallelLoop
+def _gradients_loop(source, gradient, mats, order, starts, coords, upstream, mode, border_val, out):
+    """BackwardData into `gradient` and BackwardMat into `out` in one pass: parallel over
+    source images as `_backward_data_loop` (each thread owns an image and the matrices that
+    read it, so it alone writes their rows of `out`), each row's taps computed once and each
+    channel's row walked once for both (`_add_channel_gradients`). The sums and their order
+    are those of the two loops, so the values are equal to theirs."""
+    src, (sn, sc, sh, sw), channels, in_h, in_w = source
+    grad = gradient[0]
+    g, (gn, gc, gh, gw), _, out_h, out_w = upstream
+    for image in prange(starts.size - 1):
+        grad[image * sn:(image + 1) * sn] = 0
+        offsets, weights, points = _row_buffers(out_w)
+        sums = np.empty((4, out_w))
+        for slot in range(starts[image], starts[image + 1]):
+            n = order[slot]
+            total = np.zeros(9)
+            for oh in range(out_h):
+                _add_matrix_row(total, sums, grad, True, mats[n], oh, image * sn, src, sc, sh, sw,
+                                channels, in_h, in_w, g, n * gn, gc, gh, gw, coords, mode, border_val,
+                                offsets, weights, points)
+            for j in range(9):
+                out[n, j] = total[j]
 
 
 @ParallelLoop
@@ -494,13 +560,19 @@ def _warp_affine(op: WarpAffine) -> LibraryKernel:
     return warp_affine
 
 
+def _grouped_by_image(images: np.ndarray, n_src: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, starts): the matrices grouped by source image, image i's in
+    order[starts[i]:starts[i + 1]]."""
+    order = np.argsort(images, kind="stable")
+    return order, np.searchsorted(images[order], np.arange(n_src + 1))
+
+
 @library_kernel.register
 def _warp_backward_data(op: WarpPerspectiveBackwardData) -> LibraryKernel:
     def warp_backward_data(*inputs, out):
         mat, mat_idx, g = split_backward_inputs(inputs, with_src=False)
         images = _images(op, mat_idx, mat.shape[0], out.shape[0])
-        order = np.argsort(images, kind="stable")             # matrices grouped by source image
-        starts = np.searchsorted(images[order], np.arange(out.shape[0] + 1))
+        order, starts = _grouped_by_image(images, out.shape[0])
         upstream = _image(op.format, g)
         _backward_data_loop(g.size, _image(op.format, out), _rows(mat), order, starts,
                             _coords(upstream, mat.dtype), upstream, _MODE_CODES[op.border_mode])
@@ -532,3 +604,21 @@ def _warp_tangent_mat(op: WarpPerspectiveTangentMat) -> LibraryKernel:
                           float(op.border_val), target)
 
     return warp_tangent_mat
+
+
+@joint_kernel(WarpPerspectiveBackwardData, WarpPerspectiveBackwardMat)
+def _warp_gradients(op: SiblingCalls) -> LibraryKernel:
+    """A warp's two gradients in one pass (`_gradients_loop`); out = (d src, d mat)."""
+    data_at = next(k for k, o in enumerate(op.ops) if isinstance(o, WarpPerspectiveBackwardData))
+    data, mat_op = op.ops[data_at], op.ops[1 - data_at]
+
+    def warp_gradients(*inputs, out):
+        src, mat, mat_idx, g = split_backward_inputs(op.part(1 - data_at, inputs), with_src=True)
+        d_src, d_mat = out[data_at], out[1 - data_at]
+        images = _images(mat_op, mat_idx, mat.shape[0], src.shape[0])
+        upstream = _image(data.format, g)
+        _gradients_loop(g.size, _image(data.format, src), _image(data.format, d_src), _rows(mat),
+                        *_grouped_by_image(images, src.shape[0]), _coords(upstream, mat.dtype), upstream,
+                        _MODE_CODES[data.border_mode], float(data.border_val), d_mat.reshape(-1, 9))
+
+    return warp_gradients

@@ -212,12 +212,14 @@ def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool)
                 outputs = step.outputs
             else:
                 assert isinstance(step, LibraryStep)
-                names = [shaped(b) for b in step.inputs] + [f"out={shaped(step.output)}"]
-                used_shaped.update(b for b in (*step.inputs, step.output)
+                outs = [shaped(b) for b in step.outputs]
+                out = outs[0] if len(outs) == 1 else f"({', '.join(outs)})"
+                names = [shaped(b) for b in step.inputs] + [f"out={out}"]
+                used_shaped.update(b for b in (*step.inputs, *step.outputs)
                                    if home(b) not in feed_arg and home(b) not in out_arg)
                 binds.append(f"    l{s} = L[{s}]")
                 calls.append(f"        l{s}({', '.join(names)})")
-                outputs = (step.output,)
+                outputs = step.outputs
             if debug:
                 for b in outputs:
                     calls.append(f"        check({flat(b)}, {s})")

@@ -122,15 +122,16 @@ class _KernelLaunch:
 class _LibraryLaunch:
     def __init__(self, step: LibraryStep, program: Program, config: LaunchConfig):
         self.step = step
-        self.shapes = [program.buffers[b].shape for b in (*step.inputs, step.output)]
+        self.shapes = [program.buffers[b].shape for b in (*step.inputs, *step.outputs)]
         types = [TensorType(program.buffers[b].shape, program.buffers[b].dtype) for b in step.inputs]
         self.launch = cuda_library_kernel(step.op, types, config)
         self.capturable = bool(getattr(self.launch, "capturable", False))  # `cuda_graphs`
 
     def __call__(self, buffers: list[Any], stream: Any) -> None:
-        *inputs, out = (view(buffers[b], shape) for b, shape in zip((*self.step.inputs, self.step.output),
-                                                                    self.shapes))
-        self.launch(*inputs, out=out, stream=stream)
+        arrays = [view(buffers[b], shape) for b, shape in zip((*self.step.inputs, *self.step.outputs),
+                                                               self.shapes)]
+        inputs, outs = arrays[:len(self.step.inputs)], arrays[len(self.step.inputs):]
+        self.launch(*inputs, out=outs[0] if len(outs) == 1 else tuple(outs), stream=stream)
 
 
 class CudaRunner:
@@ -184,7 +185,7 @@ class CudaRunner:
         program = self.program
         donated = {program.buffers[program.outputs[k]].feed_name for k in program.in_place}
         written = {self._root(b) for step in program.steps
-                   for b in (step.outputs if isinstance(step, KernelStep) else (step.output,))}
+                   for b in step.outputs}
         self.written_feeds = tuple(b for b, spec in enumerate(program.buffers)
                                     if spec.role == "feed" and (b in written or spec.feed_name in donated))
         self.captures = 0  # graphs captured (once, plus once per change of a written feed's array)
@@ -338,7 +339,7 @@ class CudaRunner:
 
     def _check(self, launch, buffers: list[Any], s: int) -> None:
         step = launch.step
-        for b in step.outputs if isinstance(step, KernelStep) else (step.output,):
+        for b in step.outputs:
             host = buffers[b].copy_to_host()
             if host.dtype.kind == "f" and not np.isfinite(host).all():
                 bad = int(np.count_nonzero(~np.isfinite(host)))

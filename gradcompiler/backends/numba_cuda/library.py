@@ -25,6 +25,7 @@ import numpy as np
 from numba import cuda
 
 from ...ir import Op, TensorType
+from ...kernel import SiblingCalls
 from .device import LaunchConfig, default_config, host_copy
 
 Launcher = Callable[..., None]
@@ -34,6 +35,19 @@ Launcher = Callable[..., None]
 def cuda_library_kernel(op: Op, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
     """The launcher of `op` for inputs of `input_types`."""
     raise NotImplementedError(f"the CUDA backend has no library kernel for {op.describe()}")
+
+
+@cuda_library_kernel.register
+def _sibling_calls(op: SiblingCalls, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
+    """Each op's own launcher in turn: this backend has no joint kernel (`kernel.SiblingCalls`)."""
+    launches = [cuda_library_kernel(o, op.part(k, tuple(input_types)), config) for k, o in enumerate(op.ops)]
+
+    def sibling_calls(*inputs, out, stream=0):
+        for k, launch in enumerate(launches):
+            launch(*op.part(k, inputs), out=out[k], stream=stream)
+
+    sibling_calls.capturable = all(getattr(launch, "capturable", False) for launch in launches)
+    return sibling_calls
 
 
 def run_library_op(op: Op, *inputs: Any, config: LaunchConfig | None = None, to_host: bool = True,
