@@ -292,6 +292,9 @@ class _ProgramBuilder:
         self.steps.append(KernelStep(loop.name, kernel, args, tuple(loop.computes)))
 
     def add_library(self, group: FusedLibrary) -> None:
+        if group.siblings:  # never with an epilogue (fuse)
+            self.add_sibling_calls(group)
+            return
         call = self.graph[group.call]
         epilogue = group.epilogue
         if epilogue is not None and self.absorb_gathers and _gathers_whole_rows(call):
@@ -303,9 +306,6 @@ class _ProgramBuilder:
                           and node_class(self.graph[r]) != "reduction"
                           and self.graph[r].type == call.type)
             self.buffer_of[call.id] = self.buffer(target)
-        if group.siblings:
-            self.add_sibling_calls(group)
-            return
         inputs = tuple(self.buffer(i) for i in call.inputs)
         self.steps.append(LibraryStep(group.name, call.op, inputs, (self.buffer(call.id),), (call.id,)))
         if epilogue is not None:

@@ -530,6 +530,16 @@ def test_parallel_one_hot(parallel_loops, rng):
     assert_matches(IndexingSetOneHot(1), src, index, randn(rng, got.shape))
 
 
+def test_sibling_calls_without_a_joint_kernel_run_each_kernel_in_turn(rng):
+    """A `SiblingCalls` of ops no joint kernel covers: each op's own kernel, on its inputs."""
+    a, b = randn(rng, (3, 4)), randn(rng, (4, 2))
+    joint = SiblingCalls((MatrixMul(), Concat(axis=0)), ((0, 1), (1, 1)))
+    got = (np.full((3, 2), np.nan, np.float32), np.full((8, 2), np.nan, np.float32))
+    library_kernel(joint)(a, b, out=got)
+    np.testing.assert_allclose(got[0], a @ b, rtol=RTOL[got[0].dtype])
+    np.testing.assert_array_equal(got[1], np.concatenate([b, b]))
+
+
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
 def test_warp_gradients_of_unread_images_and_of_no_matrices(parallel_loops, rng, fmt):
     """The joint kernel zeroes the gradient of an image no matrix reads (its owner thread

@@ -385,6 +385,7 @@ def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val,
         sums = np.empty((4, out_w))   # Σ g·∂out/∂xs, Σ g·∂out/∂ys, the check, the bound
         total = np.zeros(9)
         for oh in range(out_h):
+            # no scatter: sums[0] only stands in for the image gradient, which is never written
             _add_matrix_row(total, sums, sums[0], False, mats[n], oh, images[n] * sn, src, sc, sh, sw,
                             channels, in_h, in_w, g, n * gn, gc, gh, gw, coords, mode, border_val,
                             offsets, weights, points)

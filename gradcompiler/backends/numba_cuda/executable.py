@@ -122,16 +122,16 @@ class _KernelLaunch:
 class _LibraryLaunch:
     def __init__(self, step: LibraryStep, program: Program, config: LaunchConfig):
         self.step = step
-        self.shapes = [program.buffers[b].shape for b in (*step.inputs, *step.outputs)]
+        self.shapes = [program.buffers[b].shape for b in step.inputs]
+        self.out_shapes = [program.buffers[b].shape for b in step.outputs]
         types = [TensorType(program.buffers[b].shape, program.buffers[b].dtype) for b in step.inputs]
         self.launch = cuda_library_kernel(step.op, types, config)
         self.capturable = bool(getattr(self.launch, "capturable", False))  # `cuda_graphs`
 
     def __call__(self, buffers: list[Any], stream: Any) -> None:
-        arrays = [view(buffers[b], shape) for b, shape in zip((*self.step.inputs, *self.step.outputs),
-                                                               self.shapes)]
-        inputs, outs = arrays[:len(self.step.inputs)], arrays[len(self.step.inputs):]
-        self.launch(*inputs, out=outs[0] if len(outs) == 1 else tuple(outs), stream=stream)
+        inputs = [view(buffers[b], shape) for b, shape in zip(self.step.inputs, self.shapes)]
+        outs = tuple(view(buffers[b], shape) for b, shape in zip(self.step.outputs, self.out_shapes))
+        self.launch(*inputs, out=outs[0] if len(outs) == 1 else outs, stream=stream)
 
 
 class CudaRunner:
