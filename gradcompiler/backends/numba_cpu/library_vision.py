@@ -47,7 +47,7 @@ spatial_transformer: forward 0.72 -> 0.60 ms, the gradients pair 1.75 ->
 * Both at once (a `SiblingCalls` of the two, which fusion makes when a step
   needs both gradients of a warp): BackwardData's loop, with BackwardMat's
   sums made from the same taps, each channel's row of g read for both while
-  it is in L1 (`_add_channel_gradients`); the values are the two loops' own. On the
+  it is in L1 (`_add_matrix_row`); the values are the two loops' own. On the
   (32, 3, 64, 64) spatial_transformer: 1.65-1.68 ms against 1.04 + 1.11 ms
   for the two calls.
 * TangentMat (BackwardMat's transpose, for forward mode): parallel over
@@ -267,15 +267,25 @@ def _backward_data_loop(gradient, mats, order, starts, coords, upstream, mode):
             for oh in range(out_h):
                 _row_taps(mats[n], oh, coords, in_h, in_w, mode, image * sn, sh, sw,
                           offsets, weights, points)
-                for c in range(channels):
-                    k, line = c * sc, n * gn + c * gc + oh * gh
-                    for ow in range(out_w):
-                        if not _finite(weights, ow):   # no gradient from it
-                            continue
-                        value = np.float64(g[np.uint64(line + ow * gw)])
-                        for j in range(4):
-                            if offsets[j, ow] >= 0:     # not a border tap
-                                grad[np.uint64(offsets[j, ow] + k)] += weights[j, ow] * value
+                _scatter_row(grad, sc, channels, offsets, weights, g, n * gn + oh * gh, gc, gw)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _scatter_row(grad, sc, channels, offsets, weights, g, first, gc, gw):
+    """BackwardData's share of an output row (its g from `first`): each pixel's g, channel by
+    channel, into its taps. Scalar: two pixels may add into one element, and neighbours
+    usually do (a pixel's right taps are the next one's left taps), so each channel's
+    additions form a chain through memory; taking the channels inside the pixel interleaves
+    their chains. Each element still receives its additions in pixel order, so the sums are
+    those of a loop over channels, then pixels."""
+    for ow in range(offsets.shape[1]):
+        if not _finite(weights, ow):   # no gradient from it
+            continue
+        for c in range(channels):
+            value, k = np.float64(g[np.uint64(first + c * gc + ow * gw)]), c * sc
+            for j in range(4):
+                if offsets[j, ow] >= 0:     # not a border tap
+                    grad[np.uint64(offsets[j, ow] + k)] += weights[j, ow] * value
 
 
 @njit(cache=True, error_model="numpy")
@@ -405,13 +415,10 @@ def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val,
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _add_channel_gradients(sums, grad, scatter, src, k, offsets, weights, points, g, line, gw, border_val,
-                           constant):
+def _add_channel_slopes(sums, src, k, offsets, points, g, line, gw, border_val, constant):
     """One channel of a row: its g·∂out/∂xs and g·∂out/∂ys into the row's `sums`, with the
-    check sum (`_backward_mat_loop`; a loop of gathers that vectorises), then with `scatter`
-    its g into `grad` as `_backward_data_loop` does (a scalar loop: two pixels may add into
-    one element), the row of g still in L1. `scatter` and `constant` (as `_tap_value`) are
-    literals where the loops call it."""
+    check sum (`_backward_mat_loop`): a loop of gathers that vectorises (`alias_scopes`).
+    `constant`: as `_tap_value`, a literal where the loops call it."""
     for ow in range(offsets.shape[1]):
         ax, ay = _fractions(points, ow)
         d_x, d_y = _slopes(src, k, offsets, ow, ax, ay, border_val, constant)
@@ -420,31 +427,25 @@ def _add_channel_gradients(sums, grad, scatter, src, k, offsets, weights, points
         store_result(sums, (0, ow), load_result(sums, (0, ow)) + g_dx)
         store_result(sums, (1, ow), load_result(sums, (1, ow)) + g_dy)
         store_result(sums, (2, ow), load_result(sums, (2, ow)) + (g_dx + g_dy + load_result(sums, (3, ow))))
-    if scatter:
-        for ow in range(offsets.shape[1]):
-            if _finite(weights, ow):       # else no gradient from it
-                value = np.float64(g[np.uint64(line + ow * gw)])
-                for j in range(4):
-                    if not constant or offsets[j, ow] >= 0:   # not a border tap
-                        grad[np.uint64(offsets[j, ow] + k)] += weights[j, ow] * value
 
 
 @njit(inline="always", cache=True, error_model="numpy")
 def _add_matrix_row(total, sums, grad, scatter, m, oh, base, src, sc, sh, sw, channels, in_h, in_w, g,
                     first, gc, gh, gw, coords, mode, border_val, offsets, weights, points):
     """Row oh of the matrix `m` (its image at `base`, its g from `first`) into BackwardMat's
-    `total`, and with `scatter` into BackwardData's `grad` too (`_add_channel_gradients`)."""
+    `total`, and with `scatter` (a literal) into BackwardData's `grad` too (`_scatter_row`),
+    from the same taps, the row of g still in L1."""
     _row_taps(m, oh, coords, in_h, in_w, mode, base, sh, sw, offsets, weights, points)
     fy = np.float64(coords[oh])
     _start_row_sums(sums, points, coords, fy)
     for c in range(channels):
         k, line = c * sc, first + c * gc + oh * gh
         if mode == _CONSTANT:
-            _add_channel_gradients(sums, grad, scatter, src, k, offsets, weights, points, g, line, gw,
-                                   border_val, True)
+            _add_channel_slopes(sums, src, k, offsets, points, g, line, gw, border_val, True)
         else:
-            _add_channel_gradients(sums, grad, scatter, src, k, offsets, weights, points, g, line, gw,
-                                   border_val, False)
+            _add_channel_slopes(sums, src, k, offsets, points, g, line, gw, border_val, False)
+    if scatter:
+        _scatter_row(grad, sc, channels, offsets, weights, g, first + oh * gh, gc, gw)
     _add_row_terms(total, sums, src, sc, channels, offsets, weights, points, coords, fy, g, first + oh * gh,
                    gw, gc, border_val)
 
@@ -454,7 +455,7 @@ def _gradients_loop(source, gradient, mats, order, starts, coords, upstream, mod
     """BackwardData into `gradient` and BackwardMat into `out` in one pass: parallel over
     source images as `_backward_data_loop` (each thread owns an image and the matrices that
     read it, so it alone writes their rows of `out`), each row's taps computed once and each
-    channel's row of g read for both while in L1 (`_add_channel_gradients`). The sums and their order
+    channel's row of g read for both while in L1 (`_add_matrix_row`). The sums and their order
     are those of the two loops, so the values are equal to theirs."""
     src, (sn, sc, sh, sw), channels, in_h, in_w = source
     grad = gradient[0]
