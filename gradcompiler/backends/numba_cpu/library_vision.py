@@ -436,18 +436,18 @@ def _add_matrix_row(total, sums, grad, scatter, m, oh, base, src, sc, sh, sw, ch
     `total`, and with `scatter` (a literal) into BackwardData's `grad` too (`_scatter_row`),
     from the same taps, the row of g still in L1."""
     _row_taps(m, oh, coords, in_h, in_w, mode, base, sh, sw, offsets, weights, points)
-    fy = np.float64(coords[oh])
+    fy, row = np.float64(coords[oh]), first + oh * gh
     _start_row_sums(sums, points, coords, fy)
     for c in range(channels):
-        k, line = c * sc, first + c * gc + oh * gh
+        k, line = c * sc, row + c * gc
         if mode == _CONSTANT:
             _add_channel_slopes(sums, src, k, offsets, points, g, line, gw, border_val, True)
         else:
             _add_channel_slopes(sums, src, k, offsets, points, g, line, gw, border_val, False)
     if scatter:
-        _scatter_row(grad, sc, channels, offsets, weights, g, first + oh * gh, gc, gw)
-    _add_row_terms(total, sums, src, sc, channels, offsets, weights, points, coords, fy, g, first + oh * gh,
-                   gw, gc, border_val)
+        _scatter_row(grad, sc, channels, offsets, weights, g, row, gc, gw)
+    _add_row_terms(total, sums, src, sc, channels, offsets, weights, points, coords, fy, g, row, gw, gc,
+                   border_val)
 
 
 @ParallelLoop
