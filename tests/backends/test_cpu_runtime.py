@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
-from gradcompiler.backends.numba_cpu.runtime import SCRATCH_ALIGN, output_homes
+from gradcompiler.backends.numba_cpu.runtime import ALIGN, output_homes
 from gradcompiler.errors import BackendUnavailableError, FeedError, IndexOutOfRangeError, NonFiniteError
 
 from oracle import assert_close
@@ -271,10 +271,11 @@ def test_import_sets_how_idle_threads_wait_unless_the_user_did(user_values):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_per_thread_scratch_starts_on_a_pair_of_cache_lines(rng, dtype):
+def test_allocated_arrays_start_on_a_pair_of_cache_lines(rng, dtype):
     """Each thread's region of a scratch array (row buffers, column partials) is written on
-    every row; aligned, a region of 2^k elements shares no cache line with the next thread's
-    (runtime.scratch_array). The kernel over them, parallel, equals the reference interpreter."""
+    every row; aligned, a region of 2^k elements shares no cache line with the next thread's.
+    The outputs the step allocates are aligned too, so no 512-bit store straddles two lines
+    (runtime.aligned_empty). The kernel over them, parallel, equals the reference interpreter."""
     rows, width = 512, 1024
     with gc.Graph("layer_norm_columns"):
         x = gc.param("x", (rows, width), dtype)
@@ -285,11 +286,13 @@ def test_per_thread_scratch_starts_on_a_pair_of_cache_lines(rng, dtype):
     step = gc.compile(outputs)
     scratch = step._runner.scratch
     assert scratch, "a row-reducing kernel with column sums has per-thread scratch"
-    assert all(a.ctypes.data % SCRATCH_ALIGN == 0 and a.flags.c_contiguous for a in scratch)
+    assert all(a.ctypes.data % ALIGN == 0 and a.flags.c_contiguous for a in scratch)
     feeds = dict(x=rng.standard_normal((rows, width)).astype(dtype),
                  gamma=(1 + 0.1 * rng.standard_normal(width)).astype(dtype),
                  beta=(0.1 * rng.standard_normal(width)).astype(dtype),
                  r=rng.standard_normal((rows, width)).astype(dtype))
     want = gc.evaluate(outputs, feeds)
-    for k, (got, expected) in enumerate(zip(step(**feeds), want)):
+    got_all = step(**feeds)
+    assert [a.ctypes.data % ALIGN for a in got_all[1:]] == [0, 0, 0]
+    for k, (got, expected) in enumerate(zip(got_all, want)):
         assert_close(got, expected, rtol={"float64": 1e-10, "float32": 1e-5}[dtype], label=f"output {k}")

@@ -6,9 +6,10 @@ bound as local variables: no dictionary lookup, no loop over steps, no
 allocation. Buffers are allocated once per executable: values that share
 a buffer in the memory plan share one arena (as views of it); an alias is
 the same flat array as the value it views; constants are copied in once;
-per-thread scratch (partials, row buffers) belongs to each kernel step,
-each array starting on a pair of cache lines (`scratch_array`). Feeds are
-the caller's arrays, reshaped flat (no copy) for the kernels.
+per-thread scratch (partials, row buffers) belongs to each kernel step.
+Every array allocated here (arenas, buffers, scratch, outputs) starts on a
+pair of cache lines (`aligned_empty`). Feeds are the caller's arrays,
+reshaped flat (no copy) for the kernels.
 
 Outputs are written straight into the arrays handed to the caller, never
 copied out of internal buffers: the driver takes one flat array per output
@@ -68,7 +69,7 @@ class BoundKernel:
 
 def allocate(program: Program, arena_sizes: Sequence[int] | None) -> list[np.ndarray | None]:
     """Flat arrays for every non-feed buffer (None for feeds), in buffer order."""
-    arenas = [np.empty(size, dtype=np.uint8) for size in (arena_sizes or ())]
+    arenas = [aligned_empty(size, np.uint8) for size in (arena_sizes or ())]
     arrays: list[np.ndarray | None] = []
     for spec in program.buffers:
         if spec.role == "feed":
@@ -80,30 +81,37 @@ def allocate(program: Program, arena_sizes: Sequence[int] | None) -> list[np.nda
         elif spec.storage is not None and arena_sizes is not None:
             arrays.append(arenas[spec.storage][: spec.nbytes].view(spec.dtype))
         else:
-            arrays.append(np.empty(spec.size, dtype=spec.dtype))
+            arrays.append(aligned_empty(spec.size, spec.dtype))
     return arrays
 
 
-SCRATCH_ALIGN = 2 * CACHE_LINE
-"""Where each per-thread scratch array starts: a pair of lines, the unit the adjacent-line
-prefetcher fetches (`scratch_array`)."""
+ALIGN = 2 * CACHE_LINE
+"""Where each array allocated here starts: a pair of lines, the unit the adjacent-line
+prefetcher fetches (`aligned_empty`)."""
 
 
-def scratch_array(size: int, dtype) -> np.ndarray:
-    """np.empty(size, dtype), starting on a SCRATCH_ALIGN boundary.
+def aligned_empty(size: int, dtype) -> np.ndarray:
+    """np.empty(size, dtype), starting on an ALIGN boundary.
 
-    A kernel's threads take consecutive regions of one scratch array (`c * size + ...`, one
-    row or row of partials each), written on every row. From numpy's allocator such an array
-    starts 16 or 32 bytes past a line, so the line at each boundary held the end of one
-    thread's region and the start of the next, and went back and forth between the cores:
-    the layernorm_gelu kernel on two threads took 6.15-6.64 ms aligned against 6.68-7.12 ms,
-    faster in each of five alternated pairs of processes (2-core Intel guest; the nine
-    workloads' steps otherwise within the noise). Aligned, a region of a multiple of
-    SCRATCH_ALIGN bytes (the rows of 2^k elements the workloads have) shares no line; a
-    region of another size still shares one at its end."""
+    From numpy's allocator a large array starts 16 bytes past a line (glibc's header of a
+    mapped block), which costs twice:
+    - A kernel's threads take consecutive regions of one scratch array (`c * size + ...`,
+      one row or row of partials each), written on every row; the line at each boundary held
+      the end of one thread's region and the start of the next, and went back and forth
+      between the cores: the layernorm_gelu kernel on two threads took 6.15-6.64 ms aligned
+      against 6.68-7.12 ms, faster in each of five alternated pairs of processes. Aligned, a
+      region of a multiple of ALIGN bytes (the rows of 2^k elements the workloads have)
+      shares no line; a region of another size still shares one at its end.
+    - A 512-bit vector (`vector_width`) is a whole line: every load or store of a
+      misaligned array straddles two. That kernel, its output 16 bytes past a line, took
+      5.95 ms against 4.83 (its inputs, the caller's, stay where numpy put them: with only
+      the output aligned, 4.8-5.2 ms). (2-core Intel guest.)
+
+    The result is a view of the block allocated here, and numpy points every view of it at
+    that block (`.base`), not at the result."""
     dtype = np.dtype(dtype)
-    raw = np.empty(size * dtype.itemsize + SCRATCH_ALIGN, dtype=np.uint8)
-    start = -raw.ctypes.data % SCRATCH_ALIGN
+    raw = np.empty(size * dtype.itemsize + ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGN
     return raw[start:start + size * dtype.itemsize].view(dtype)
 
 
@@ -253,9 +261,9 @@ class Runner:
                 bound = next(kernel_at)
                 for b, param in zip(step.args, step.kernel.params):
                     if b is None:
-                        self.scratch.append(scratch_array(param.size * bound.nchunks, param.dtype))
+                        self.scratch.append(aligned_empty(param.size * bound.nchunks, param.dtype))
                 for dtype, size in bound.scratch:
-                    self.scratch.append(scratch_array(size * bound.nchunks, dtype))
+                    self.scratch.append(aligned_empty(size * bound.nchunks, dtype))
         self.source = driver_source(program, kernels, debug)
         self.step_labels = list(step_labels)
         module = load_module(self.source)
@@ -330,9 +338,11 @@ class Runner:
                 direct.add(root)
                 continue
             previous, self.owned[slot] = self.owned[slot], None
-            # referenced by `previous` and getrefcount's argument only: the caller let go of it
-            if previous is None or sys.getrefcount(previous) > 2:
-                previous = self._allocated(np.empty(spec.size, dtype=spec.dtype))
+            # every view of `previous`, the caller's included, references its block (`.base`,
+            # aligned_empty); referenced by `previous` and getrefcount's argument only, the
+            # caller let go of it
+            if previous is None or sys.getrefcount(previous.base) > 2:
+                previous = self._allocated(aligned_empty(spec.size, spec.dtype))
             self.owned[slot] = previous
             arrays.append(previous)
         return arrays, direct
