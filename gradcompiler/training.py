@@ -18,7 +18,9 @@ nothing; `state` holds the same arrays before and after.
 statistics) is fed from the state and its new value donated back to it.
 
 On target "cuda" `init` puts the state on the device and it stays there; a
-step copies only the batch up and the loss down.
+step copies only the batch up and the loss down. On the CPU its arrays start on
+a pair of cache lines, as the runtime's own do (`runtime.aligned_empty`): the
+update reads and writes every one of them, 512-bit vectors at a time.
 
 `update_step(param types, optimizer)` compiles the update alone, fed the
 gradients by name: the half of a step that runs after gradients computed
@@ -36,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from .api import grad
+from .backends.numba_cpu.runtime import aligned_empty
 from .compile import compile as compile_step
 from .errors import FeedError, GraphError
 from .frontend.sources import input as feed
@@ -91,13 +94,11 @@ class _OptimizerStep:
             raise FeedError(f"train_step.init: no initial value for {missing}")
         state = {}
         for name, t in self.types.items():
-            if name not in given:
-                state[name] = np.zeros(t.shape, t.dtype)
-                continue
-            value = np.asarray(values[name])
-            if value.shape != t.shape:
+            value = np.asarray(values[name]) if name in given else np.zeros((), t.dtype)
+            if name in given and value.shape != t.shape:
                 raise FeedError(f"train_step.init: '{name}' has shape {value.shape}, expected {t.shape}")
-            state[name] = np.array(value, dtype=t.dtype, order="C")
+            state[name] = aligned_empty(int(np.prod(t.shape)), t.dtype).reshape(t.shape)
+            state[name][...] = value
         if self.target == "cuda":
             from numba import cuda
 
