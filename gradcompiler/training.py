@@ -94,11 +94,11 @@ class _OptimizerStep:
             raise FeedError(f"train_step.init: no initial value for {missing}")
         state = {}
         for name, t in self.types.items():
-            value = np.asarray(values[name]) if name in given else np.zeros((), t.dtype)
-            if name in given and value.shape != t.shape:
-                raise FeedError(f"train_step.init: '{name}' has shape {value.shape}, expected {t.shape}")
-            state[name] = aligned_empty(int(np.prod(t.shape)), t.dtype).reshape(t.shape)
-            state[name][...] = value
+            if name in given and np.shape(values[name]) != t.shape:
+                raise FeedError(f"train_step.init: '{name}' has shape {np.shape(values[name])}, "
+                                f"expected {t.shape}")
+            state[name] = aligned_empty(t.size, t.dtype).reshape(t.shape)
+            state[name][...] = values[name] if name in given else 0
         if self.target == "cuda":
             from numba import cuda
 
