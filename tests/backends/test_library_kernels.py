@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from gradcompiler.backends.numba_cpu import library, library_linalg, library_vision
+from gradcompiler.backends.numba_cpu import gemm, library, library_vision
 from gradcompiler.backends.numba_cpu.library import library_kernel, run_library_op
 from gradcompiler.errors import IndexOutOfRangeError
 from gradcompiler.kernel import SiblingCalls
@@ -110,19 +110,18 @@ def test_batched_matrix_mul_broadcasts_batches(rng, flags):
 
 
 @pytest.fixture
-def three_parts(monkeypatch):
-    """Split batched products into three spans whatever the size and the thread count, BLAS's
-    own threads taken as asleep (no threaded product has run); returns the spans of each call
-    that ran in spans."""
+def own_products(monkeypatch):
+    """Record the batched products that ran through gemm.Multiplier (their batch counts),
+    BLAS's own threads taken as asleep (no threaded product has run)."""
     calls = []
     monkeypatch.setattr(library.threaded_blas, "last", -math.inf)
+    original = gemm.Multiplier.__call__
 
-    def recording(work, spans, threads):
-        calls.append((spans, threads))
-        return library.in_spans(work, spans, threads)
+    def recording(self, a, b, out):
+        calls.append(a.shape[0])
+        return original(self, a, b, out)
 
-    monkeypatch.setattr(library, "partition_count", lambda work: 3)
-    monkeypatch.setattr(library_linalg, "in_spans", recording)
+    monkeypatch.setattr(gemm.Multiplier, "__call__", recording)
     return calls
 
 
@@ -134,29 +133,34 @@ def _batched_reference(op, a, b):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("flags", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("batch", [(7,), (2, 4), (0,), (3, 0)])
-def test_batched_matrix_mul_in_spans(three_parts, rng, dtype, flags, batch):
-    """Spans of single items taken by three threads (7), of folded batch dims (2, 4), and
-    empty batches (the plain call)."""
+def test_batched_matrix_mul_runs_our_products(own_products, rng, dtype, flags, batch):
+    """Single items (7), folded batch dims (2, 4), and empty batches, transposed or not."""
     op = BatchedMatrixMul(*flags)
     a = randn(rng, (*batch, *((4, 3) if flags[0] else (3, 4))), dtype)
     b = randn(rng, (*batch, *((5, 4) if flags[1] else (4, 5))), dtype)
     got = run_library_op(op, a, b)
     assert_close(got, _batched_reference(op, a, b), rtol=RTOL[np.dtype(dtype)])
-    count = int(np.prod(batch))
-    assert three_parts == ([([(k, k + 1) for k in range(count)], 3)] if count else [])
+    assert own_products == [int(np.prod(batch))]
 
 
-@pytest.mark.parametrize("a_shape,b_shape,in_spans", [((6, 3, 4), (4, 5), True), ((2, 1, 3, 4), (3, 4, 5), False)])
-def test_batched_matrix_mul_in_spans_broadcasts(three_parts, rng, a_shape, b_shape, in_spans):
-    """A 2-D operand folds into the spans (stride 0); a (2, 1) against a (3,) batch cannot be
-    folded without a copy and takes the plain call."""
+@pytest.mark.parametrize("a_shape,b_shape,ours", [((6, 3, 4), (4, 5), True), ((2, 1, 3, 4), (3, 4, 5), False)])
+def test_batched_matrix_mul_folds_broadcast_batches(own_products, rng, a_shape, b_shape, ours):
+    """A 2-D operand folds into the batch (stride 0); a (2, 1) against a (3,) batch cannot be
+    folded without a copy and goes to numpy."""
     op = BatchedMatrixMul()
     a, b = randn(rng, a_shape, np.float64), randn(rng, b_shape, np.float64)
     assert_close(run_library_op(op, a, b), _batched_reference(op, a, b), rtol=RTOL[np.dtype(np.float64)])
-    assert bool(three_parts) == in_spans
+    assert bool(own_products) == ours
 
 
-def test_batched_matrix_mul_in_spans_propagates_nan(three_parts, rng):
+def test_batched_matrix_mul_of_float16_goes_to_numpy(own_products, rng):
+    op = BatchedMatrixMul()
+    a, b = randn(rng, (3, 4, 5), np.float16), randn(rng, (3, 5, 2), np.float16)
+    np.testing.assert_array_equal(run_library_op(op, a, b), a @ b)
+    assert own_products == []
+
+
+def test_batched_matrix_mul_propagates_nan(own_products, rng):
     op = BatchedMatrixMul(False, True)
     a, b = randn(rng, (5, 3, 4)), randn(rng, (5, 6, 4))
     a[1, 2, 0] = np.nan
@@ -164,15 +168,16 @@ def test_batched_matrix_mul_in_spans_propagates_nan(three_parts, rng):
     got = run_library_op(op, a, b)
     assert np.isnan(got[1, 2]).all() and np.isnan(got[4]).all()
     assert_close(got, _batched_reference(op, a, b), rtol=RTOL[np.dtype(np.float32)])
+    assert own_products == [5]
 
 
-def test_batched_matrix_mul_takes_blas_threads_while_they_are_warm(three_parts, rng, monkeypatch):
+def test_batched_matrix_mul_takes_blas_threads_while_they_are_warm(own_products, rng, monkeypatch):
     """Right after a 2-D product that BLAS ran threaded (over 2^18 multiply-adds), a batched
     product goes to BLAS whole, on its still-spinning threads; one at 2^18 exactly runs on
     one thread and warms nothing, nor does a float16 one (numpy's own loop, no BLAS) or one
-    while BLAS is held to one thread; once the threads are taken to sleep again, spans.
-    (SPIN_S is widened to a minute, so that a loaded machine pausing this thread cannot put
-    the threads to sleep mid-test.)"""
+    while BLAS is held to one thread; once the threads are taken to sleep again, our own
+    product. (SPIN_S is widened to a minute, so that a loaded machine pausing this thread
+    cannot put the threads to sleep mid-test.)"""
     op, clock = BatchedMatrixMul(), library.threaded_blas
     monkeypatch.setattr(clock, "SPIN_S", 60.0)
     a, b = randn(rng, (4, 3, 4)), randn(rng, (4, 4, 5))
@@ -187,11 +192,11 @@ def test_batched_matrix_mul_takes_blas_threads_while_they_are_warm(three_parts, 
     assert_matches(MatrixMul(), randn(rng, (128, 64)), randn(rng, (64, 64)))
     assert clock.warm()
     assert_close(run_library_op(op, a, b), want, rtol=RTOL[np.dtype(np.float32)])
-    assert three_parts == []
+    assert own_products == []
     monkeypatch.setattr(clock, "last", time.perf_counter() - clock.SPIN_S)
     assert not clock.warm()
     assert_close(run_library_op(op, a, b), want, rtol=RTOL[np.dtype(np.float32)])
-    assert three_parts == [([(k, k + 1) for k in range(4)], 3)]
+    assert own_products == [4]
 
 
 def test_in_spans_gives_each_span_to_one_thread_in_order():
@@ -224,9 +229,11 @@ def test_in_spans_raises_a_threads_error_after_every_thread_stopped():
     assert not active and len(done) < 39   # nothing still running; the rest were not taken
 
 
-def test_batched_matrix_mul_in_spans_restores_blas_threads(three_parts, rng):
+def test_in_spans_restores_blas_threads():
     before = [lib.num_threads for lib in library.single_threaded_blas._blas()]
-    run_library_op(BatchedMatrixMul(), randn(rng, (4, 3, 4)), randn(rng, (4, 4, 5)))
+    inside = library.in_spans(lambda part, first, stop: library.single_threaded_blas.fewest_threads(),
+                              library.split_spans(4, 4), 2)
+    assert inside == [1] * 4
     assert [lib.num_threads for lib in library.single_threaded_blas._blas()] == before
 
 

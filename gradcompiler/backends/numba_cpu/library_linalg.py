@@ -39,7 +39,8 @@ import math
 import numpy as np
 
 from ...ops.linalg import BatchedMatrixMul, MatrixMul
-from .library import LibraryKernel, in_spans, library_kernel, thread_spans, threaded_blas
+from . import gemm
+from .library import LibraryKernel, library_kernel, threaded_blas
 
 
 def _flat2d(x: np.ndarray) -> np.ndarray:
@@ -72,38 +73,22 @@ def _stacked(x: np.ndarray, batch: tuple[int, ...], count: int) -> np.ndarray | 
         return None
 
 
-def _product_spans(out_shape: tuple[int, ...], k: int) -> tuple[list[tuple[int, int]], int]:
-    """Spans of batch items and the threads that take them; one span (the plain call) when the
-    batch has fewer items than threads or the product is small."""
-    count = math.prod(out_shape[:-2])
-    return thread_spans(count, count * out_shape[-2] * out_shape[-1] * k)
-
-
 @library_kernel.register
 def _batched_matrix_mul(op: BatchedMatrixMul) -> LibraryKernel:
     transpose_a, transpose_b = op.transpose_a, op.transpose_b
-    spans_by_shape: dict[tuple, tuple[list[tuple[int, int]], int]] = {}
+    multiply = gemm.Multiplier()
 
     def batched_matrix_mul(a: np.ndarray, b: np.ndarray, *, out: np.ndarray) -> None:
         if transpose_a:
             a = np.swapaxes(a, -1, -2)
         if transpose_b:
             b = np.swapaxes(b, -1, -2)
-        key = (out.shape, a.shape[-1])
-        planned = spans_by_shape.get(key)
-        if planned is None:
-            planned = spans_by_shape[key] = _product_spans(out.shape, a.shape[-1])
-        spans, threads = planned
-        if len(spans) > 1 and not threaded_blas.warm():
-            batch, count = out.shape[:-2], spans[-1][1]
+        if out.dtype in gemm.OWN_DTYPES and a.dtype == b.dtype == out.dtype and not threaded_blas.warm():
+            batch = out.shape[:-2]
+            count = math.prod(batch)
             a3, b3 = _stacked(a, batch, count), _stacked(b, batch, count)
             if a3 is not None and b3 is not None:
-                out3 = out.reshape(count, *out.shape[-2:])
-
-                def span(part: int, first: int, stop: int) -> None:
-                    np.matmul(a3[first:stop], b3[first:stop], out=out3[first:stop])
-
-                in_spans(span, spans, threads)
+                multiply(a3, b3, out.reshape(count, *out.shape[-2:]))
                 return
         np.matmul(a, b, out=out)
         threaded_blas.ran(out.size * a.shape[-1], out.dtype)

@@ -1,0 +1,104 @@
+"""The register-blocked products of backends/numba_cpu/gemm.py, against float64 numpy.
+
+* Every edge: rows and columns not multiples of the tile (8 × 32 float32, 8 × 16 float64),
+  K = 0 (zeros), K over a packed block (KC: the tile accumulates into C), rows over a block
+  of A (MC), one row, one column, empty batches and matrices.
+* Every layout: transposed views of A and of B (the two strides of A, the column-wise
+  packing of B), a batch broadcast with stride 0, a non-contiguous slice.
+* Every split among threads: by items, within items by columns and by rows (three parts,
+  forced), each equal to the serial result.
+* NaN and infinities propagate to their rows and columns, and the zero padding of an
+  edge tile brings none into the result.
+* The scratch of a shape is allocated once: a second call allocates nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradcompiler.backends.numba_cpu import gemm, library
+from tests.oracle import assert_close
+
+RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
+
+
+def _operands(rng, count, m, k, n, dtype, transpose_a=False, transpose_b=False):
+    a = rng.standard_normal((count, k, m) if transpose_a else (count, m, k)).astype(dtype)
+    b = rng.standard_normal((count, n, k) if transpose_b else (count, k, n)).astype(dtype)
+    return (a.transpose(0, 2, 1) if transpose_a else a), (b.transpose(0, 2, 1) if transpose_b else b)
+
+
+def _check(multiply, a, b):
+    out = np.full((a.shape[0], a.shape[1], b.shape[2]), np.nan, a.dtype)
+    multiply(a, b, out)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
+    assert_close(out, want, rtol=RTOL[a.dtype])
+    return out
+
+
+SHAPES = [(1, 1, 1, 1), (2, 7, 3, 5), (3, 8, 16, 32), (1, 17, 300, 33), (2, 9, 0, 5), (1, 520, 4, 20),
+          (0, 4, 4, 4), (2, 0, 4, 3), (2, 6, 5, 0)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (False, True), (True, False), (True, True)])
+def test_products_of_every_edge_and_layout_equal_numpy(rng, dtype, transpose_a, transpose_b):
+    multiply = gemm.Multiplier()
+    for count, m, k, n in SHAPES:
+        _check(multiply, *_operands(rng, count, m, k, n, dtype, transpose_a, transpose_b))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_broadcast_and_sliced_operands(rng, dtype):
+    multiply = gemm.Multiplier()
+    a = rng.standard_normal((5, 10, 12)).astype(dtype)[:, 1:9, ::2]          # strided rows and columns
+    b = np.broadcast_to(rng.standard_normal((6, 40)).astype(dtype), (5, 6, 40))  # stride 0 batch
+    _check(multiply, a, b)
+
+
+@pytest.fixture
+def three_parts(monkeypatch):
+    """Every product planned for three threads, whatever its size."""
+    monkeypatch.setattr(library, "partition_count", lambda work: 3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("count,m,k,n", [(7, 9, 5, 11),      # by items, a share of 2 or 3 each
+                                         (2, 20, 7, 200),    # within items, by columns
+                                         (1, 29, 6, 40),     # within items, by rows (too few columns)
+                                         (1, 5, 3, 7),       # fewer tiles than parts
+                                         (6, 40, 16, 70),    # by items, on Numba's threads
+                                         (1, 40, 16, 400)])  # by columns, on Numba's threads
+def test_every_split_among_threads_equals_numpy(three_parts, rng, dtype, count, m, k, n):
+    """The small products run the loops serially (below PARALLEL_MIN_WORK), the last two in
+    parallel."""
+    multiply = gemm.Multiplier()
+    _check(multiply, *_operands(rng, count, m, k, n, dtype, transpose_b=True))
+    ((_, by_items, by_columns, _),) = multiply.plans.values()
+    assert (by_items, by_columns) == ((True, False) if count > 2 else (False, n >= 2 * 3 * gemm.panel_width(dtype)))
+
+
+def test_a_long_product_accumulates_over_blocks_of_k_and_rows(rng):
+    """K over KC and M over MC, with an edge in each."""
+    _check(gemm.Multiplier(), *_operands(rng, 1, gemm.MC + 13, gemm.KC * 2 + 7, 45, np.float32, transpose_a=True))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_nan_and_infinities_reach_only_their_rows_and_columns(rng):
+    a, b = _operands(rng, 2, 11, 6, 37, np.float32)   # edge tiles in both directions
+    a[0, 10, 2] = np.nan
+    b[1, 4, 36] = np.inf
+    out = _check(gemm.Multiplier(), a, b)
+    assert np.isnan(out[0, 10]).all() and np.isfinite(np.delete(out[0], 10, axis=0)).all()
+    assert not np.isfinite(out[1, :, 36]).any() and np.isfinite(out[1, :, :36]).all()
+
+
+def test_scratch_is_allocated_once_per_shape(rng, monkeypatch):
+    multiply = gemm.Multiplier()
+    a, b = _operands(rng, 3, 9, 5, 40, np.float32)
+    _check(multiply, a, b)
+    allocations = []
+    monkeypatch.setattr(gemm, "aligned_empty", lambda *args: allocations.append(args))
+    _check(multiply, a, b)
+    assert allocations == [] and len(multiply.plans) == 1
