@@ -1,6 +1,6 @@
 """The register-blocked products of backends/numba_cpu/gemm.py, against float64 numpy.
 
-* Every edge: rows and columns not multiples of the tile (8 × 32 float32, 8 × 16 float64),
+* Every edge: rows and columns not multiples of the tile (MR × NR: 8 × 32 float32 with AVX-512),
   K = 0 (zeros), K over a packed block (KC: the tile accumulates into C), rows over a block
   of A (MC), one row, one column, empty batches and matrices.
 * Every layout: transposed views of A and of B (the two strides of A, the column-wise

@@ -1,25 +1,28 @@
 """Register-blocked matrix products of our own, for the shapes BLAS serves worst.
 
-    gemm.multiply(a3, b3, out3)   # out3[i] = a3[i] @ b3[i], float32 or float64, any strides
+    Multiplier()(a3, b3, out3)   # out3[i] = a3[i] @ b3[i], float32 or float64, any strides
 
 Why it exists. A batched product of small matrices (attention's 16 products
 of 256×64 by 64×256, and their gradients) ran at 110-150 GFLOP/s per
 thread through OpenBLAS's SkylakeX kernel, against about 190 for a large
-square product on the same core: for each item it packs both operands into
-its own buffers, runs its blocking for large matrices, and two threads
-each calling it scaled 1.6×. The product written here ran those items at
-160 GFLOP/s on one thread and 320 on two (the attention step's six batched
-products: 4.7 → 2.6 ms).
+square product on the same core: it packs both operands of every item into
+buffers of its own and blocks them as it would a large matrix. The product
+written here ran those items at 160 GFLOP/s on one thread (one core of an
+AVX-512 Xeon guest); in the attention step a batched product takes
+0.59-0.70 ms on two threads against 0.73-0.81 ms before, when each thread
+called single-threaded OpenBLAS on its items (per-call profiles).
+Large 2-D products stay with BLAS: there OpenBLAS ran 10-30% faster than
+this kernel, which does no more than the blocking below.
 
 How (the BLIS design, in Numba):
 
 * The micro-kernel (`_micro_tile`, an intrinsic emitting LLVM IR) keeps an
-  MR × NR tile of C in registers: MR = 8 rows by NR = two vectors (32
-  float32 or 16 float64 columns), sixteen accumulators. Each step of k
-  loads two vectors of B, broadcasts eight values of A, and issues sixteen
-  fused multiply-adds; the tile is stored (or added to C) once at the end.
-  LLVM keeps the vectors whole, so the instructions are AVX-512's where the
-  CPU has it and pairs of AVX2 ones where it does not.
+  MR × NR tile of C in registers: NR is two vectors, and with AVX-512 (32
+  registers of 64 bytes) MR = 8 rows by 32 float32 or 16 float64 columns,
+  sixteen accumulators. Each step of k loads two vectors of B, broadcasts
+  eight values of A, and issues sixteen fused multiply-adds; the tile is
+  stored (or added to C) once at the end. Without AVX-512 the vectors are
+  32 bytes and MR is 6 (twelve accumulators of AVX2's sixteen registers).
 * A is read where it lies, through its two strides: a row-major A gives the
   tile's eight rows at stride lda, a transposed view gives eight adjacent
   values per step of k. No packing of A.
@@ -44,7 +47,7 @@ zeros in rows and columns whose results are discarded.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
+from llvmlite import binding, ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -52,19 +55,24 @@ from numba.extending import intrinsic
 from . import library
 from .runtime import aligned_empty
 
-MR = 8
-"""Rows of the register tile."""
+_AVX512 = binding.get_host_cpu_features().get("avx512f", False)
+
+VECTOR_BYTES = 64 if _AVX512 else 32
+"""Bytes of the vectors the micro-tile is written in: a register's width on this CPU."""
+
+MR = 8 if _AVX512 else 6
+"""Rows of the register tile: MR × VECTORS accumulators, with room left for B's vectors."""
 
 VECTORS = 2
-"""Vectors across the tile's columns: NR = VECTORS × lanes (32 float32, 16 float64)."""
+"""Vectors across the tile's columns: NR = VECTORS × lanes."""
 
 KC = 256
-"""Rows of B per packed block: a float32 panel of KC × 32 is 32 KB, within L1."""
+"""Rows of B per packed block: a panel of KC × NR is at most 32 KB, within L1."""
 
 MC = 512
 """Rows of A per block: with KC columns, 512 KB of float32, within L2."""
 
-_LANES = {types.float32: 16, types.float64: 8}
+_LANES = {types.float32: VECTOR_BYTES // 4, types.float64: VECTOR_BYTES // 8}
 
 OWN_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 """The dtypes these products serve (others go to numpy)."""
@@ -72,7 +80,7 @@ OWN_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 def panel_width(dtype: np.dtype) -> int:
     """NR, the columns of a tile (and of a packed panel of B) for `dtype`."""
-    return VECTORS * (64 // np.dtype(dtype).itemsize)
+    return VECTORS * (VECTOR_BYTES // np.dtype(dtype).itemsize)
 
 
 @intrinsic
