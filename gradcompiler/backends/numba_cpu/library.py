@@ -21,18 +21,19 @@ Index inputs are validated before any memory is touched: a bad index raises
 `IndexOutOfRangeError` naming the op, the value and the axis size (Numba
 does not bounds-check, so an unchecked index would be a segfault).
 
-Kernels that call BLAS on pieces of a batch (batched products, the
-convolutions) split the batch into contiguous spans (`split_spans`), one
-per thread or a few, which the threads take as they come free, calling
-BLAS single-threaded (`in_spans`, `single_threaded_blas`). Threaded BLAS inside
-many short products is what made these slow: on a shared 2-core machine
-OpenBLAS's threads wait for each other inside every GEMM (a 32×288×65536
+Kernels that call BLAS on pieces of a batch (the convolutions) split the
+batch into contiguous spans (`split_spans`), one per thread or a few,
+which the threads take as they come free, calling BLAS single-threaded
+(`in_spans`, `single_threaded_blas`). Threaded BLAS inside many short
+products is what made these slow: on a shared 2-core machine OpenBLAS's
+threads wait for each other inside every GEMM (a 32×288×65536
 filter gradient took 20× the CPU time of the one-thread call; a batch of
 16 256×64×256 attention products, one GEMM each, spiked from 1.3 ms to
 over 100 ms), while threads that own whole batch items never wait for each
-other until the kernel ends. The batched products make one exception: right
-after a threaded 2-D product, BLAS's threads still spin and hold the cores,
-and a batch goes to them (`threaded_blas`, `library_linalg`).
+other until the kernel ends. Batched products have a kernel of their own
+(`gemm`), except right after a threaded 2-D product, when BLAS's threads
+still spin and hold the cores, and a batch goes to them (`threaded_blas`,
+`library_linalg`).
 
 Loops are written once with `prange` and compiled twice (`ParallelLoop`):
 waking the thread pool costs 1.5-50 µs depending on the threading layer

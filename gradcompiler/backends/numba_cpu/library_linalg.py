@@ -1,4 +1,5 @@
-"""Matrix products through BLAS: MatrixMul and BatchedMatrixMul (op-reference §5).
+"""Matrix products: MatrixMul through BLAS, BatchedMatrixMul through our own
+kernel (`gemm`) or BLAS (op-reference §5).
 
 `np.matmul(..., out=out)` calls BLAS directly into the destination, and a
 transposed operand is passed as a transposed *view*: numpy hands BLAS the
@@ -8,28 +9,26 @@ regime 3 flattens both operands; the output buffer is viewed with the
 flattened shape, so the product lands in it without a copy. K = 0 gives
 zeros, as numpy does.
 
-A batched product is one GEMM per batch item (numpy's stacked loop). With
-at least one item per thread, the batch (its dims folded into one, as
-views) is split into up to `library.SPANS_PER_THREAD` spans per thread, which the
-threads take as they come free, each multiplying its items with BLAS
-single-threaded (`library.in_spans`): threaded BLAS waits on its own
-threads inside each short GEMM, which on a shared machine cost the
-attention step 100 ms spikes against 1.3 ms products, and spans smaller
-than a thread's share let the others take over from a thread the OS has
-descheduled. Fewer items than threads (one large product), small products
-and batches whose broadcast cannot be folded without a copy keep the one
-threaded-BLAS call.
+A float32 or float64 batched product, its batch dims folded into one (as
+views), is multiplied by `gemm.Multiplier`: small products are where
+OpenBLAS is weakest (packing both operands of every item), and where
+threaded BLAS once waited on its own threads inside each short GEMM (on a
+shared machine, 100 ms spikes of the attention step against 1.3 ms
+products). Other dtypes, and batches whose broadcast cannot be folded
+without a copy, take numpy's stacked matmul.
 
 So does every batch while BLAS's own threads are warm (`library.threaded_blas`):
 in a step where 2-D products run threaded too (gpt's projections around its
 attention), OpenBLAS's threads are still awake from the last one and hold the
-other core, so span threads of ours would wait for it, where BLAS's own start
-at once. The gpt step, its batched products all threaded so, against spans
-(medians of alternated processes): 196 against 218 ms with gradcompiler
-imported first, as `gradcompiler bench` does (OpenBLAS's spin cut to 2^20
-cycles; faster in 9 of 10 pairs), 185 against 201 ms with numpy imported
-first (the default 2^28-cycle spin; faster in 5 of 6). A step with no threaded 2-D
-product (the attention workload) keeps its spans.
+other core, so threads of ours would wait for it, where BLAS's own start at
+once. Measured when the alternative was our threads each calling BLAS on
+spans of the batch, the gpt step (medians of alternated processes): 196
+against 218 ms with gradcompiler imported first, as `gradcompiler bench`
+does (OpenBLAS's spin cut to 2^20 cycles; faster in 9 of 10 pairs), 185
+against 201 ms with numpy imported first (the default 2^28-cycle spin;
+faster in 5 of 6); against `gemm`, 140-148 ms with the rule and 147-154
+without it. A step with no threaded 2-D product (the attention workload)
+runs every batch through `gemm`.
 """
 
 from __future__ import annotations
