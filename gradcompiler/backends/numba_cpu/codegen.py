@@ -247,19 +247,21 @@ class _Writer:
         """(divisors, divisions): the float divisions of the innermost loop whose divisor is fixed
         along it (a row's sum, a scalar), and those divisors (module docstring)."""
         divisors, divisions = set(), set()
-        inner = self.rank - 1
         for phase in self.kernel.phases:
             for instr in phase.instrs:
                 expr = instr.expr
-                if (self.rank > 0 and isinstance(expr, Compute) and isinstance(expr.op, Elemwise)
-                        and expr.op.mode == "TRUE_DIV" and np.dtype(instr.dtype).kind == "f"
-                        and self.level[instr.var] == inner and self.level[expr.args[1]] < inner
-                        and self.dtype[expr.args[1]] == instr.dtype):
+                if (isinstance(expr, Compute) and isinstance(expr.op, Elemwise) and expr.op.mode == "TRUE_DIV"
+                        and np.dtype(instr.dtype).kind == "f" and self._innermost(instr.var)
+                        and not self._innermost(expr.args[1]) and self.dtype[expr.args[1]] == instr.dtype):
                     divisors.add(expr.args[1])
                     divisions.add(instr.var)
         return divisors, divisions
 
     # -- helpers --------------------------------------------------------------------------------
+    def _innermost(self, var: int) -> bool:
+        """Whether `var` is computed in the innermost loop (for each element of a row)."""
+        return self.rank > 0 and self.level[var] == self.rank - 1
+
     def _add_scratch(self, name: str, dtype, size: int) -> None:
         self.scratch.append((np.dtype(dtype), int(size)))
         self.scratch_names.append(name)
@@ -405,7 +407,7 @@ class _Writer:
             else:
                 built = scalar_expr(expr.op, args, instr.dtype, [self.dtype[a] for a in expr.args])
                 self.calls.update(built.calls)
-                self.element_calls |= bool(built.calls) and self.rank > 0 and self.level[instr.var] == self.rank - 1
+                self.element_calls |= bool(built.calls) and self._innermost(instr.var)
                 text = built.text
         self.emit(depth, f"{self._var(instr.var)} = {text}")
         if instr.var in self.reciprocals:
