@@ -3,8 +3,9 @@
 * Every edge: rows and columns not multiples of the tile (MR × NR: 8 × 32 float32 with AVX-512),
   K = 0 (zeros), K over a packed block (KC: the tile accumulates into C), rows over a block
   of A (MC), one row, one column, empty batches and matrices.
-* Every layout: transposed views of A and of B (the two strides of A, the column-wise
-  packing of B), a batch broadcast with stride 0, a non-contiguous slice.
+* Every layout: transposed views of A and of B (A packed by the tiles that read it, B
+  packed by squares transposed in registers, and their remainders), a batch broadcast with
+  stride 0, a non-contiguous slice.
 * Every split among threads: by items, within items by columns and by rows (three parts,
   forced), each equal to the serial result.
 * NaN and infinities propagate to their rows and columns, and the zero padding of an
@@ -55,6 +56,17 @@ def test_broadcast_and_sliced_operands(rng, dtype):
     a = rng.standard_normal((5, 10, 12)).astype(dtype)[:, 1:9, ::2]          # strided rows and columns
     b = np.broadcast_to(rng.standard_normal((6, 40)).astype(dtype), (5, 6, 40))  # stride 0 batch
     _check(multiply, a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_transposed_operands_through_every_packing_path(rng, dtype):
+    """A transposed A of an odd count of whole micro-panels (copied in pairs, then one alone,
+    then a zero-padded tail) and a transposed B whose columns and rows of k leave remainders
+    around its L × L squares, over two blocks of k."""
+    lanes = gemm.VECTOR_BYTES // np.dtype(dtype).itemsize
+    m, k, n = 5 * gemm.MR + 3, gemm.KC + lanes + 3, 2 * gemm.panel_width(dtype) + lanes + 5
+    for transpose_a, transpose_b in [(True, False), (False, True), (True, True)]:
+        _check(gemm.Multiplier(), *_operands(rng, 2, m, k, n, dtype, transpose_a, transpose_b))
 
 
 @pytest.fixture

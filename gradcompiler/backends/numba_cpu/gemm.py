@@ -23,17 +23,28 @@ How (the BLIS design, in Numba):
   eight values of A, and issues sixteen fused multiply-adds; the tile is
   stored (or added to C) once at the end. Without AVX-512 the vectors are
   32 bytes and MR is 6 (twelve accumulators of AVX2's sixteen registers).
-* A is read where it lies, through its two strides: a row-major A gives the
-  tile's eight rows at stride lda, a transposed view gives eight adjacent
-  values per step of k. No packing of A.
+* A row-major A is read where it lies, the tile's eight rows at stride lda:
+  packing it would cost a pass over A, as much as the product reads of it
+  when B has few columns (attention's 256×256 by 256×64). A transposed A
+  (its rows adjacent, as Pᵀ in Pᵀ·dO) is packed into micro-panels (MR values
+  per step of k) by the tiles of the first panel of B, which load each
+  step's values as one vector and store it as they go; they copy the next
+  micro-panel too, the other half of the same cache lines. The other panels
+  read the packed copy. In place, each step of k would move a whole row of
+  the view: at a power-of-two row that walk maps onto a few L1 sets, and
+  every panel fetched A again (16 items of 256×64ᵀ by 64×256: 691-711 µs
+  in place, 544-563 packed, two threads, alternated in one process).
 * B is packed per block of KC rows into panels of NR columns, k-major, so
   each step of k reads one contiguous line pair; a panel (KC × NR, 32 KB for
   float32) stays in L1 while the tile walks down every row of A. Packing
   also removes B's stride, which at a power of two (a 1 KB row) would map
-  every row of the panel onto a handful of L1 sets.
+  every row of the panel onto a handful of L1 sets. A transposed B (Kᵀ in
+  Q·Kᵀ) is packed in L × L squares transposed in registers
+  (`_transpose_square`, L a vector's lanes) rather than value by value:
+  Q·Kᵀ over 16 items went from 636-654 µs to 548-575.
 * Rows of A are taken MC at a time (their KC columns stay in L2 while
-  every panel of B passes). Edges: the last rows of A are copied into a
-  zero-padded MR-row block, the last columns of B are zero-padded in their
+  every panel of B passes). Edges: the last rows of A are packed into a
+  zero-padded micro-panel, the last columns of B are zero-padded in their
   panel, and the tile of an edge goes through a scratch tile from which the
   valid part is copied. K = 0 gives zeros.
 * Threads: a batch of at least one item per thread splits by items; a
@@ -83,20 +94,12 @@ def panel_width(dtype: np.dtype) -> int:
     return VECTORS * (VECTOR_BYTES // np.dtype(dtype).itemsize)
 
 
-@intrinsic
-def _micro_tile(typingctx, a, a_offset, a_row_step, a_k_step, panel, panel_offset, c, c_offset, c_row_step,
-                depth, accumulate):
-    """C[r, j] (+)= Σₖ A[r, k]·B[k, j] for an MR × NR tile, over `depth` ≥ 1 steps of k.
-
-    A[r, k] is a[a_offset + r·a_row_step + k·a_k_step]; B[k, j] is panel[panel_offset + k·NR + j];
-    C[r, j] is c[c_offset + r·c_row_step + j] (element offsets from each array's data pointer).
-    With `accumulate` the tile is added to C, else it replaces it."""
-    lanes = _LANES[a.dtype]
-    sig = types.none(a, a_offset, a_row_step, a_k_step, panel, panel_offset, c, c_offset, c_row_step,
-                     depth, accumulate)
+def _tile_codegen(lanes, copies):
+    """The LLVM IR of `_micro_tile` (copies 0) or of `_micro_tile_copying` (1: the tile's own
+    micro-panel) and `_micro_tile_copying_pair` (2: the next one's too)."""
 
     def codegen(context, builder, signature, args):
-        (a_, a_off, a_rs, a_ks, p_, p_off, c_, c_off, c_rs, depth_, accumulate_) = args
+        (a_, a_off, a_rs, a_ks, p_, p_off, c_, c_off, c_rs, depth_, accumulate_) = args[:11]
         i64, i32 = ir.IntType(64), ir.IntType(32)
         scalar = context.get_data_type(signature.args[0].dtype)
         vector = ir.VectorType(scalar, lanes)
@@ -109,8 +112,10 @@ def _micro_tile(typingctx, a, a_offset, a_row_step, a_k_step, panel, panel_offse
         def const(n):
             return ir.Constant(i64, n)
 
-        a_rows = [builder.gep(base(0, a_, a_off), [builder.mul(const(r), a_rs)]) for r in range(MR)]
+        a_start = base(0, a_, a_off)
+        a_rows = [builder.gep(a_start, [builder.mul(const(r), a_rs)]) for r in range(MR)]
         panel_start, c_start = base(4, p_, p_off), base(6, c_, c_off)
+        copy_start = base(11, args[11], args[12]) if copies else None
         entry = builder.block
         loop = builder.function.append_basic_block("tile_k")
         done = builder.function.append_basic_block("tile_done")
@@ -129,12 +134,24 @@ def _micro_tile(typingctx, a, a_offset, a_row_step, a_k_step, panel, panel_offse
              for v in range(VECTORS)]
         a_k = builder.mul(k, a_ks)
         undef = ir.Constant(vector, ir.Undefined)
-        splat = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
-        updated = []
-        for r in range(MR):
-            value = builder.load(builder.gep(a_rows[r], [a_k]), align=4)
-            broadcast = builder.shuffle_vector(builder.insert_element(undef, value, ir.Constant(i32, 0)), undef, splat)
-            updated.append([builder.call(fma, [broadcast, b[v], tile[r][v]]) for v in range(VECTORS)])
+        if copies:  # the step's MR values of A (and the next micro-panel's) are adjacent: one vector
+            run_type, column_type = ir.VectorType(scalar, copies * MR), ir.VectorType(scalar, MR)
+            run = builder.load(builder.bitcast(builder.gep(a_start, [a_k]), run_type.as_pointer()), align=4)
+            for panel in range(copies):
+                column = builder.shuffle_vector(run, ir.Constant(run_type, ir.Undefined), ir.Constant(
+                    ir.VectorType(i32, MR), list(range(panel * MR, panel * MR + MR))))
+                copy_at = builder.gep(copy_start, [builder.add(builder.mul(k, const(MR)),
+                                                               builder.mul(depth_, const(panel * MR)))])
+                builder.store(column, builder.bitcast(copy_at, column_type.as_pointer()), align=4)
+            broadcasts = [builder.shuffle_vector(run, ir.Constant(run_type, ir.Undefined),
+                                                 ir.Constant(ir.VectorType(i32, lanes), [r] * lanes))
+                          for r in range(MR)]
+        else:
+            splat = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
+            broadcasts = [builder.shuffle_vector(builder.insert_element(
+                undef, builder.load(builder.gep(a_rows[r], [a_k]), align=4), ir.Constant(i32, 0)), undef, splat)
+                for r in range(MR)]
+        updated = [[builder.call(fma, [broadcasts[r], b[v], tile[r][v]]) for v in range(VECTORS)] for r in range(MR)]
         k_next = builder.add(k, const(1))
         k.add_incoming(k_next, builder.block)
         for r in range(MR):
@@ -151,17 +168,95 @@ def _micro_tile(typingctx, a, a_offset, a_row_step, a_k_step, panel, panel_offse
                 builder.store(builder.select(accumulate_, total, updated[r][v]), where, align=4)
         return context.get_dummy_value()
 
+    return codegen
+
+
+@intrinsic
+def _micro_tile(typingctx, a, a_offset, a_row_step, a_k_step, panel, panel_offset, c, c_offset, c_row_step,
+                depth, accumulate):
+    """C[r, j] (+)= Σₖ A[r, k]·B[k, j] for an MR × NR tile, over `depth` ≥ 1 steps of k.
+
+    A[r, k] is a[a_offset + r·a_row_step + k·a_k_step]; B[k, j] is panel[panel_offset + k·NR + j];
+    C[r, j] is c[c_offset + r·c_row_step + j] (element offsets from each array's data pointer).
+    With `accumulate` the tile is added to C, else it replaces it."""
+    sig = types.none(a, a_offset, a_row_step, a_k_step, panel, panel_offset, c, c_offset, c_row_step,
+                     depth, accumulate)
+    return sig, _tile_codegen(_LANES[a.dtype], copies=0)
+
+
+def _copying_tile(copies):
+    """`_micro_tile` for an A whose MR rows are adjacent (a_row_step 1: a transposed view), which
+    also writes what it reads of A, packed: the tile's micro-panel, and with copies 2 the next
+    micro-panel's too (the other half of the same cache lines), to copy[copy_offset + p·depth·MR
+    + k·MR + r] for p < copies. The reads of A are then the packing, overlapped with the tile's
+    multiply-adds, and every line of A is fetched once."""
+
+    @intrinsic
+    def tile(typingctx, a, a_offset, a_row_step, a_k_step, panel, panel_offset, c, c_offset, c_row_step, depth,
+             accumulate, copy, copy_offset):
+        sig = types.none(a, a_offset, a_row_step, a_k_step, panel, panel_offset, c, c_offset, c_row_step,
+                         depth, accumulate, copy, copy_offset)
+        return sig, _tile_codegen(_LANES[a.dtype], copies)
+
+    return tile
+
+
+_micro_tile_copying = _copying_tile(1)
+_micro_tile_copying_pair = _copying_tile(2)
+
+
+@intrinsic
+def _transpose_square(typingctx, source, source_offset, source_step, target, target_offset, target_step):
+    """target[t·target_step + j] = source[j·source_step + t] for an L × L square, L a vector's lanes.
+
+    Loads L vectors of `source` (its contiguous runs), transposes them in registers, stores L
+    vectors of `target`. Offsets and steps count elements from each array's data pointer. The
+    transpose swaps the off-diagonal halves of every 2h × 2h block for h = L/2, L/4, ..., 1:
+    log2(L) rounds of L shuffles, against L² scalar moves."""
+    lanes = _LANES[source.dtype]
+    sig = types.none(source, source_offset, source_step, target, target_offset, target_step)
+
+    def codegen(context, builder, signature, args):
+        (source_, s_off, s_step, target_, t_off, t_step) = args
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        vector = ir.VectorType(context.get_data_type(signature.args[0].dtype), lanes)
+
+        def start(position, value, offset):
+            return builder.gep(context.make_array(signature.args[position])(context, builder, value).data, [offset])
+
+        def at(pointer, step, index):
+            where = builder.gep(pointer, [builder.mul(ir.Constant(i64, index), step)])
+            return builder.bitcast(where, vector.as_pointer())
+
+        source_start, target_start = start(0, source_, s_off), start(3, target_, t_off)
+        rows = [builder.load(at(source_start, s_step, t), align=4) for t in range(lanes)]
+        half = lanes // 2
+        while half:
+            for r in range(lanes):
+                if r & half:
+                    continue
+                upper, lower = rows[r], rows[r + half]
+                # lane j of the pair: j < lanes is `upper`'s, j ≥ lanes is `lower`'s lane j - lanes
+                keep = [j if j & half == 0 else lanes + j - half for j in range(lanes)]
+                swap = [j + half if j & half == 0 else lanes + j for j in range(lanes)]
+                rows[r] = builder.shuffle_vector(upper, lower, ir.Constant(ir.VectorType(i32, lanes), keep))
+                rows[r + half] = builder.shuffle_vector(upper, lower, ir.Constant(ir.VectorType(i32, lanes), swap))
+            half //= 2
+        for t in range(lanes):
+            builder.store(rows[t], at(target_start, t_step, t), align=4)
+        return context.get_dummy_value()
+
     return sig, codegen
 
 
 @intrinsic
-def _tile_width(typingctx, array):
-    """NR for the array's dtype, as a constant of the compiled code (a loop over a tile's columns
-    then has a known trip count, and LLVM vectorises it whole)."""
-    width = VECTORS * _LANES[array.dtype]
+def _lanes(typingctx, array):
+    """L, a vector's lanes for the array's dtype, as a constant of the compiled code (a loop over a
+    tile's NR = VECTORS·L columns then has a known trip count, and LLVM vectorises it whole)."""
+    lanes = _LANES[array.dtype]
 
     def codegen(context, builder, signature, args):
-        return ir.Constant(ir.IntType(64), width)
+        return ir.Constant(ir.IntType(64), lanes)
 
     return types.intp(array), codegen
 
@@ -171,10 +266,15 @@ _OPTIONS = dict(cache=True, nogil=True, error_model="numpy")
 
 @njit(**_OPTIONS)
 def _pack_panels(b, k0, kc, n0, n1, packed):
-    """B[k0:k0+kc, n0:n1] into panels of NR columns, k-major, the last zero-padded. A B whose
-    columns are contiguous (a transposed view) is read column by column."""
-    width = _tile_width(b)
+    """B[k0:k0+kc, n0:n1] into panels of NR columns, k-major, the last zero-padded.
+
+    A B whose columns are contiguous (a transposed view, such as Kᵀ in Q·Kᵀ) is read in
+    L × L squares transposed in registers; what the squares leave, column by column."""
+    lanes = _lanes(b)
+    width = VECTORS * lanes
+    item = b.itemsize
     columns_contiguous = b.strides[1] > b.strides[0]
+    squares = kc // lanes * lanes if columns_contiguous and b.strides[0] == item else 0
     for q in range((n1 - n0 + width - 1) // width):
         first = n0 + q * width
         start = q * kc * width
@@ -185,77 +285,108 @@ def _pack_panels(b, k0, kc, n0, n1, packed):
         else:
             cols = min(width, n1 - first)
             for j in range(width):
-                if j < cols:
+                if j >= cols:
                     for kk in range(kc):
+                        packed[start + kk * width + j] = 0.0
+                elif j // lanes * lanes + lanes <= cols:  # the column lies in a whole square
+                    for kk in range(squares, kc):
                         packed[start + kk * width + j] = b[k0 + kk, first + j]
                 else:
                     for kk in range(kc):
-                        packed[start + kk * width + j] = 0.0
+                        packed[start + kk * width + j] = b[k0 + kk, first + j]
+            for j in range(0, cols // lanes * lanes, lanes):
+                for kk in range(0, squares, lanes):
+                    _transpose_square(b, (k0 + kk) + (first + j) * (b.strides[1] // item), b.strides[1] // item,
+                                      packed, start + kk * width + j, width)
 
 
 @njit(**_OPTIONS)
-def _product(a, b, c, m0, m1, n0, n1, packed, edge_rows, tile):
+def _pack_rows(a, i0, i1, k0, kc, packed):
+    """A[i0:i1, k0:k0+kc] into micro-panels of MR rows, k-major (MR values per step of k),
+    the last zero-padded."""
+    for p in range((i1 - i0 + MR - 1) // MR):
+        first = i0 + p * MR
+        start = p * MR * kc
+        rows = min(MR, i1 - first)
+        for kk in range(kc):
+            for r in range(MR):
+                packed[start + kk * MR + r] = a[first + r, k0 + kk] if r < rows else 0.0
+
+
+@njit(**_OPTIONS)
+def _product(a, b, c, m0, m1, n0, n1, packed, packed_rows, tile):
     """c[m0:m1, n0:n1] = a[m0:m1] @ b[:, n0:n1]; `packed` holds KC × (n1 - n0) rounded up to
-    panels, `edge_rows` MR × KC and `tile` MR × NR elements (the caller's scratch)."""
+    panels, `packed_rows` MC × KC and `tile` MR × NR elements (the caller's scratch).
+
+    A row-major A is read where it lies. A transposed A (its MR rows adjacent) is packed into
+    `packed_rows` by the tiles of the first panel of B, which read each step's MR values as one
+    vector and store it there as they go (`_micro_tile_copying`); the tiles of the other panels
+    read the packed copy. Read in place by every panel, a transposed A moves a whole row of the
+    view per step of k, and at a power-of-two row that walk maps onto a few L1 sets: each
+    panel would fetch A again from L2. A last partial micro-panel is packed first, with zero
+    padding, whatever the layout."""
     k = a.shape[1]
-    width = _tile_width(a)
+    width = VECTORS * _lanes(a)
     if k == 0:
         c[m0:m1, n0:n1] = 0.0
         return
     item = a.itemsize
     a_rs, a_ks, c_rs = a.strides[0] // item, a.strides[1] // item, c.strides[0] // item
+    copied = a_rs == 1
     for k0 in range(0, k, KC):
         kc = min(KC, k - k0)
         _pack_panels(b, k0, kc, n0, n1, packed)
         accumulate = k0 > 0
         for i0 in range(m0, m1, MC):
             i1 = min(m1, i0 + MC)
-            full_rows = i0 + (i1 - i0) // MR * MR
-            if full_rows < i1:  # the block's last rows, zero-padded to a whole tile
-                edge_rows[:] = 0.0
-                for r in range(i1 - full_rows):
-                    for kk in range(kc):
-                        edge_rows[r * kc + kk] = a[full_rows + r, k0 + kk]
+            packed_from = i0 + (i1 - i0) // MR * MR
+            if packed_from < i1:
+                _pack_rows(a, packed_from, i1, k0, kc, packed_rows[(packed_from - i0) * kc:])
             for q in range((n1 - n0 + width - 1) // width):
                 j0 = n0 + q * width
                 cols = min(width, n1 - j0)
                 panel = q * kc * width
                 for i in range(i0, i1, MR):
-                    rows = min(MR, i1 - i)
-                    if rows < MR:
-                        _micro_tile(edge_rows, 0, kc, 1, packed, panel, tile, 0, width, kc, False)
-                        _store_edge(tile, width, c, i, rows, j0, cols, accumulate)
-                    elif cols < width:
-                        _micro_tile(a, i * a_rs + k0 * a_ks, a_rs, a_ks, packed, panel, tile, 0, width, kc, False)
-                        _store_edge(tile, width, c, i, rows, j0, cols, accumulate)
+                    whole = i < packed_from and cols == width
+                    target, at, step = (c, i * c_rs + j0, c_rs) if whole else (tile, 0, width)
+                    add = accumulate and whole
+                    a_at, rows_at = i * a_rs + k0 * a_ks, (i - i0) * kc
+                    if i >= packed_from or (copied and (q > 0 or (i - i0) // MR % 2)):
+                        _micro_tile(packed_rows, rows_at, 1, MR, packed, panel, target, at, step, kc, add)
+                    elif copied and i + 2 * MR <= packed_from:
+                        _micro_tile_copying_pair(a, a_at, a_rs, a_ks, packed, panel, target, at, step, kc, add,
+                                                 packed_rows, rows_at)
+                    elif copied:
+                        _micro_tile_copying(a, a_at, a_rs, a_ks, packed, panel, target, at, step, kc, add,
+                                            packed_rows, rows_at)
                     else:
-                        _micro_tile(a, i * a_rs + k0 * a_ks, a_rs, a_ks, packed, panel, c, i * c_rs + j0, c_rs, kc,
-                                    accumulate)
+                        _micro_tile(a, a_at, a_rs, a_ks, packed, panel, target, at, step, kc, add)
+                    if not whole:
+                        _store_edge(tile, c, i, min(MR, i1 - i), j0, cols, accumulate)
 
 
 @njit(**_OPTIONS)
-def _store_edge(tile, width, c, i, rows, j0, cols, accumulate):
+def _store_edge(tile, c, i, rows, j0, cols, accumulate):
     """The valid `rows` × `cols` of an edge tile into C at (i, j0), added or replacing."""
     for r in range(rows):
         for j in range(cols):
-            value = tile[r * width + j]
-            c[i + r, j0 + j] = c[i + r, j0 + j] + value if accumulate else value
+            c[i + r, j0 + j] = c[i + r, j0 + j] + tile[r, j] if accumulate else tile[r, j]
 
 
-def _by_items(a, b, c, packed, edge_rows, tile):
+def _by_items(a, b, c, packed, packed_rows, tile):
     """Each thread multiplies a contiguous share of the batch's items."""
     parts, count = packed.shape[0], a.shape[0]
     for part in prange(parts):
         for item in range(count * part // parts, count * (part + 1) // parts):
-            _product(a[item], b[item], c[item], 0, a.shape[1], 0, b.shape[2], packed[part], edge_rows[part],
+            _product(a[item], b[item], c[item], 0, a.shape[1], 0, b.shape[2], packed[part], packed_rows[part],
                      tile[part])
 
 
-def _within_items(a, b, c, by_columns, packed, edge_rows, tile):
+def _within_items(a, b, c, by_columns, packed, packed_rows, tile):
     """Each item's product split among the threads: by columns (whole panels) or by rows
     (whole tiles)."""
     parts, m, n = packed.shape[0], a.shape[1], b.shape[2]
-    width = _tile_width(a)
+    width = VECTORS * _lanes(a)
     for item in range(a.shape[0]):
         for part in prange(parts):
             if by_columns:
@@ -267,7 +398,7 @@ def _within_items(a, b, c, by_columns, packed, edge_rows, tile):
                 m0, m1 = min(m, tiles * part // parts * MR), min(m, tiles * (part + 1) // parts * MR)
                 n0, n1 = 0, n
             if m0 < m1 and n0 < n1:
-                _product(a[item], b[item], c[item], m0, m1, n0, n1, packed[part], edge_rows[part], tile[part])
+                _product(a[item], b[item], c[item], m0, m1, n0, n1, packed[part], packed_rows[part], tile[part])
 
 
 _by_items_loop = library.ParallelLoop(_by_items)
@@ -291,9 +422,10 @@ class Multiplier:
         panels = -(-n // width)
         panels_per_part = -(-panels // parts) if by_columns else panels
         depth = min(KC, max(k, 1))
+        rows = min(MC, -(-m // MR) * MR)
         packed = aligned_empty(parts * depth * panels_per_part * width, dtype)
-        scratch = (packed.reshape(parts, -1), aligned_empty(parts * MR * depth, dtype).reshape(parts, -1),
-                   aligned_empty(parts * MR * width, dtype).reshape(parts, -1))
+        scratch = (packed.reshape(parts, -1), aligned_empty(parts * max(rows, MR) * depth, dtype).reshape(parts, -1),
+                   aligned_empty(parts * MR * width, dtype).reshape(parts, MR, width))
         return work, by_items, by_columns, scratch
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
