@@ -11,9 +11,14 @@
 * NaN and infinities propagate to their rows and columns, and the zero padding of an
   edge tile brings none into the result.
 * The scratch of a shape is allocated once: a second call allocates nothing.
+* The tile of a CPU without AVX-512 (32-byte vectors, six rows), in a child process.
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -114,3 +119,39 @@ def test_scratch_is_allocated_once_per_shape(rng, monkeypatch):
     monkeypatch.setattr(gemm, "aligned_empty", lambda *args: allocations.append(args))
     _check(multiply, a, b)
     assert allocations == [] and len(multiply.plans) == 1
+
+
+AVX2_CHILD = """
+import numpy as np
+from llvmlite import binding
+features = binding.get_host_cpu_features()
+features["avx512f"] = False
+binding.get_host_cpu_features = lambda: features
+from gradcompiler.backends.numba_cpu import gemm
+assert (gemm.VECTOR_BYTES, gemm.MR) == (32, 6)
+rng = np.random.default_rng(3)
+worst = 0.0
+for dtype in (np.float32, np.float64):
+    for transpose_a, transpose_b in [(False, False), (True, False), (False, True), (True, True)]:
+        m, k, n = 5 * gemm.MR + 3, gemm.KC + 11, 2 * gemm.panel_width(dtype) + 13
+        a = rng.standard_normal((2, k, m) if transpose_a else (2, m, k)).astype(dtype)
+        b = rng.standard_normal((2, n, k) if transpose_b else (2, k, n)).astype(dtype)
+        a = a.transpose(0, 2, 1) if transpose_a else a
+        b = b.transpose(0, 2, 1) if transpose_b else b
+        out = np.full((2, m, n), np.nan, dtype)
+        gemm.Multiplier()(a, b, out)
+        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        tolerance = 1e-5 if dtype == np.float32 else 1e-12
+        worst = max(worst, float(np.max(np.abs(out - want) / (np.abs(want) + 1.0))) / tolerance)
+print(worst)
+"""
+
+
+def test_the_tile_of_a_cpu_without_avx512_equals_numpy(tmp_path):
+    """The 32-byte vectors and six-row tile that a CPU without AVX-512 gets, run here (LLVM
+    lowers them to this CPU's instructions) in a child process that reports no AVX-512, with
+    a Numba cache of its own so that its code never meets this process's."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", AVX2_CHILD], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.split()[-1]) <= 1.0   # the error over each dtype's tolerance
