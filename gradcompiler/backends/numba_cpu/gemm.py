@@ -94,6 +94,11 @@ def panel_width(dtype: np.dtype) -> int:
     return VECTORS * (VECTOR_BYTES // np.dtype(dtype).itemsize)
 
 
+def _element_pointer(context, builder, array_type, array, offset):
+    """A pointer to element `offset` of a Numba array, counted from its data pointer."""
+    return builder.gep(context.make_array(array_type)(context, builder, array).data, [offset])
+
+
 def _tile_codegen(lanes, copies):
     """The LLVM IR of `_micro_tile` (copies 0) or of `_micro_tile_copying` (1: the tile's own
     micro-panel) and `_micro_tile_copying_pair` (2: the next one's too)."""
@@ -107,15 +112,12 @@ def _tile_codegen(lanes, copies):
             builder.module, ir.FunctionType(vector, [vector] * 3), f"llvm.fma.v{lanes}{scalar.intrinsic_name}")
 
         def base(position, value, offset):
-            return builder.gep(context.make_array(signature.args[position])(context, builder, value).data, [offset])
+            return _element_pointer(context, builder, signature.args[position], value, offset)
 
         def const(n):
             return ir.Constant(i64, n)
 
-        a_start = base(0, a_, a_off)
-        a_rows = [builder.gep(a_start, [builder.mul(const(r), a_rs)]) for r in range(MR)]
-        panel_start, c_start = base(4, p_, p_off), base(6, c_, c_off)
-        copy_start = base(11, args[11], args[12]) if copies else None
+        a_start, panel_start, c_start = base(0, a_, a_off), base(4, p_, p_off), base(6, c_, c_off)
         entry = builder.block
         loop = builder.function.append_basic_block("tile_k")
         done = builder.function.append_basic_block("tile_done")
@@ -133,8 +135,8 @@ def _tile_codegen(lanes, copies):
         b = [builder.load(builder.bitcast(builder.gep(b_row, [const(v * lanes)]), vector.as_pointer()), align=4)
              for v in range(VECTORS)]
         a_k = builder.mul(k, a_ks)
-        undef = ir.Constant(vector, ir.Undefined)
         if copies:  # the step's MR values of A (and the next micro-panel's) are adjacent: one vector
+            copy_start = base(11, args[11], args[12])
             run_type, column_type = ir.VectorType(scalar, copies * MR), ir.VectorType(scalar, MR)
             run = builder.load(builder.bitcast(builder.gep(a_start, [a_k]), run_type.as_pointer()), align=4)
             for panel in range(copies):
@@ -146,11 +148,12 @@ def _tile_codegen(lanes, copies):
             broadcasts = [builder.shuffle_vector(run, ir.Constant(run_type, ir.Undefined),
                                                  ir.Constant(ir.VectorType(i32, lanes), [r] * lanes))
                           for r in range(MR)]
-        else:
+        else:  # MR values at a stride of a_row_step, each loaded and splat
+            undef = ir.Constant(vector, ir.Undefined)
             splat = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
+            rows = [builder.gep(a_start, [builder.add(builder.mul(const(r), a_rs), a_k)]) for r in range(MR)]
             broadcasts = [builder.shuffle_vector(builder.insert_element(
-                undef, builder.load(builder.gep(a_rows[r], [a_k]), align=4), ir.Constant(i32, 0)), undef, splat)
-                for r in range(MR)]
+                undef, builder.load(row, align=4), ir.Constant(i32, 0)), undef, splat) for row in rows]
         updated = [[builder.call(fma, [broadcasts[r], b[v], tile[r][v]]) for v in range(VECTORS)] for r in range(MR)]
         k_next = builder.add(k, const(1))
         k.add_incoming(k_next, builder.block)
@@ -222,7 +225,7 @@ def _transpose_square(typingctx, source, source_offset, source_step, target, tar
         vector = ir.VectorType(context.get_data_type(signature.args[0].dtype), lanes)
 
         def start(position, value, offset):
-            return builder.gep(context.make_array(signature.args[position])(context, builder, value).data, [offset])
+            return _element_pointer(context, builder, signature.args[position], value, offset)
 
         def at(pointer, step, index):
             where = builder.gep(pointer, [builder.mul(ir.Constant(i64, index), step)])
@@ -288,11 +291,8 @@ def _pack_panels(b, k0, kc, n0, n1, packed):
                 if j >= cols:
                     for kk in range(kc):
                         packed[start + kk * width + j] = 0.0
-                elif j // lanes * lanes + lanes <= cols:  # the column lies in a whole square
-                    for kk in range(squares, kc):
-                        packed[start + kk * width + j] = b[k0 + kk, first + j]
-                else:
-                    for kk in range(kc):
+                else:  # after the squares, where the column lies in a whole one
+                    for kk in range(squares if j // lanes * lanes + lanes <= cols else 0, kc):
                         packed[start + kk * width + j] = b[k0 + kk, first + j]
             for j in range(0, cols // lanes * lanes, lanes):
                 for kk in range(0, squares, lanes):
