@@ -8,11 +8,13 @@ or CUDA. See README.md for the tour.
 import os
 from importlib import metadata as _metadata
 
-# Numba's OpenMP threads must wait passively between kernels (why: see
-# gradcompiler/backends/numba_cpu/__init__.py). OpenMP reads this once, when the
-# first parallel loop of the process starts its pool, so it is set on import,
-# before any Numba code (ours, or a user's) can start that pool.
+# Numba's OpenMP threads spin for 10,000 turns of their wait loop (100-200 µs here) after a
+# parallel loop, then sleep (why: see gradcompiler/backends/numba_cpu/__init__.py). OpenMP reads
+# these once, when the first parallel loop of the process starts its pool, so they are set on
+# import, before any Numba code (ours, or a user's) can start that pool; GNU OpenMP's spin count
+# overrides the passive policy, which other OpenMP runtimes keep.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 # OpenBLAS's idle threads spin for 2^28 cycles (about 0.1 s) after each threaded product,
 # sharing a core with the parallel loop that follows it; 2^20 (about 0.3 ms) still keeps
 # them awake between back-to-back products. OpenBLAS reads this when it is loaded, so it

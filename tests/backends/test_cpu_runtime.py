@@ -256,18 +256,21 @@ def test_a_scatter_add_into_a_zero_fill_runs_in_the_output_array(rng, dtype, loo
             assert_close(g, w, rtol=rtol, label=f"output {k}")
 
 
-@pytest.mark.parametrize("user_values", [{}, {"OMP_WAIT_POLICY": "ACTIVE", "OPENBLAS_THREAD_TIMEOUT": "7"}])
+_WAITS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000", "OPENBLAS_THREAD_TIMEOUT": "20"}
+
+
+@pytest.mark.parametrize("user_values", [{}, {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "0",
+                                              "OPENBLAS_THREAD_TIMEOUT": "7"}])
 def test_import_sets_how_idle_threads_wait_unless_the_user_did(user_values):
     """Importing gradcompiler sets the waits its thread pools need between kernels (OpenMP's
-    passive, OpenBLAS's spin cut to 2^20 cycles: numba_cpu module docstring), before numpy
-    loads OpenBLAS, and leaves a value the user exported alone."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")}
+    brief spin, then sleep; OpenBLAS's spin cut to 2^20 cycles: numba_cpu module docstring),
+    before numpy loads OpenBLAS, and leaves a value the user exported alone."""
+    env = {k: v for k, v in os.environ.items() if k not in _WAITS}
     code = ("import sys, os; assert 'numpy' not in sys.modules; import gradcompiler; "
-            "print(os.environ['OMP_WAIT_POLICY'], os.environ['OPENBLAS_THREAD_TIMEOUT'])")
+            f"print(*(os.environ[name] for name in {list(_WAITS)}))")
     done = subprocess.run([sys.executable, "-c", code], env={**env, **user_values}, capture_output=True,
                           text=True, check=True)
-    want = {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "20", **user_values}
-    assert done.stdout.split() == [want["OMP_WAIT_POLICY"], want["OPENBLAS_THREAD_TIMEOUT"]]
+    assert done.stdout.split() == list({**_WAITS, **user_values}.values())
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

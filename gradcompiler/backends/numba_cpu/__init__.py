@@ -13,28 +13,28 @@ Small kernels run serially: below PARALLEL_MIN_POINTS domain points (about
 a megabyte of float32, a few tens of microseconds of work), waking threads
 costs more than it saves (and a serial kernel compiles faster).
 
-Threads wait passively between kernels (`OMP_WAIT_POLICY=PASSIVE`, unless
-the environment says otherwise; `gradcompiler/__init__.py` sets it on import,
-before Numba can start its OpenMP pool): a
-step alternates our parallel loops with BLAS calls, and OpenMP threads that
-spin after a loop take the cores from the BLAS threads, and the other way
-round. On a busy 2-core machine that made the mlp step 25× slower. Passive
-waiting has its price where waking a thread is slow: on a 2-core Intel guest
-an empty parallel loop took 66-71 µs against 1.5 µs with the threads still
-spinning, and letting them spin 10,000 times first (`GOMP_SPINCOUNT`) made
-the loop-heavy steps faster (pixel_shuffle 0.80, spatial_transformer 0.89 of
-the time) but the gpt step slower (1.08 and 1.17: the spinning threads hold
-the cores its threaded products need; two alternated pairs of processes), so
-PASSIVE stays. OpenBLAS's threads spin
-too, for 2^28 cycles after each threaded product by default: a parallel
-loop right after a GEMM then shares a core with a spinning thread (a
-130 µs loop took 530 µs, 360 µs without the spin), and the gpt step took
-375 ms median against 320 ms with the spin cut to 2^20 cycles
-(`OPENBLAS_THREAD_TIMEOUT=20`, also set on import, for OpenBLAS to read when
-numpy loads it: about 0.3 ms, which keeps the threads awake between the
-mlp step's back-to-back products; at 2^4 they slept at once, and the mlp
-step lost the time it took to wake them). Medians of alternated processes,
-this 2-core machine, 2026-12-02.
+Threads spin briefly between kernels, then sleep (`OMP_WAIT_POLICY=PASSIVE`
+with `GOMP_SPINCOUNT=10000`, about 100-200 µs here, unless the environment
+says otherwise; `gradcompiler/__init__.py` sets both on import, before Numba
+can start its OpenMP pool). A step is a run of short parallel loops: waking a
+sleeping thread took 77-86 µs on this 2-core Intel guest, against 1.7 µs for
+one still spinning, and the gpt step has about 210 of them. Spinning for
+ever (OpenMP's active policy) takes the cores from everything else that runs
+between loops; on a busy 2-core machine it made the mlp step 25× slower. The
+brief spin was once slower for gpt (1.08 and 1.17 of the time), while its 2-D
+products ran on OpenBLAS's threads, whose cores the spinning threads held; every
+float product now runs on our threads (`library_linalg`), and the spin took
+the workloads from 148-149 to 130-136 ms (gpt), 4.3-4.8 to 3.7-3.9
+(attention), 1.16-1.18 to 0.95-0.96 (pixel_shuffle) and 2.31-2.32 to
+1.86-2.09 (spatial_transformer), the others within their noise (medians of
+alternated processes, 2026-12-03). 100,000 turns were no better, and slower
+for cnn, whose convolutions run BLAS on threads of their own (`in_spans`).
+OpenBLAS's threads spin too, for 2^28 cycles after each threaded product by
+default: a parallel loop right after a GEMM then shares a core with a
+spinning thread (a 130 µs loop took 530 µs, 360 µs without the spin).
+gradcompiler no longer runs threaded BLAS products in a step, but numpy may,
+between steps: the spin is cut to 2^20 cycles (`OPENBLAS_THREAD_TIMEOUT=20`,
+also set on import, for OpenBLAS to read when numpy loads it).
 """
 
 from __future__ import annotations

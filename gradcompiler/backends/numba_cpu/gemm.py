@@ -11,8 +11,9 @@ written here ran those items at 160 GFLOP/s on one thread (one core of an
 AVX-512 Xeon guest); in the attention step a batched product takes
 0.59-0.70 ms on two threads against 0.73-0.81 ms before, when each thread
 called single-threaded OpenBLAS on its items (per-call profiles).
-Large 2-D products stay with BLAS: there OpenBLAS ran 10-30% faster than
-this kernel, which does no more than the blocking below.
+It takes large 2-D products too, where OpenBLAS runs up to 15% faster
+(gpt's shapes, alone on two threads): one pool of threads for every kernel of
+a step is worth more (`library_linalg`).
 
 How (the BLIS design, in Numba):
 

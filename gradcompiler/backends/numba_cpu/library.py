@@ -30,10 +30,8 @@ threads wait for each other inside every GEMM (a 32×288×65536
 filter gradient took 20× the CPU time of the one-thread call; a batch of
 16 256×64×256 attention products, one GEMM each, spiked from 1.3 ms to
 over 100 ms), while threads that own whole batch items never wait for each
-other until the kernel ends. Batched products have a kernel of their own
-(`gemm`), except right after a threaded 2-D product, when BLAS's threads
-still spin and hold the cores, and a batch goes to them (`threaded_blas`,
-`library_linalg`).
+other until the kernel ends. Matrix products, batched or not, have a kernel
+of their own (`gemm`, `library_linalg`), which runs on our threads.
 
 Loops are written once with `prange` and compiled twice (`ParallelLoop`):
 waking the thread pool costs 1.5-50 µs depending on the threading layer
@@ -49,10 +47,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import os
 import threading
-import time
 import types
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -117,11 +113,6 @@ class _SingleThreadedBlas:
             self.libraries = ThreadpoolController().select(user_api="blas").lib_controllers
         return self.libraries
 
-    def fewest_threads(self) -> int:
-        """The thread count of the BLAS library allowed fewest now (1.5 µs: threadpoolctl asks
-        each library)."""
-        return min((lib.num_threads for lib in self._blas()), default=1)
-
     def __enter__(self):
         with self.lock:
             if self.depth == 0:
@@ -139,45 +130,6 @@ class _SingleThreadedBlas:
 
 
 single_threaded_blas = _SingleThreadedBlas()
-
-
-class _ThreadedBlasClock:
-    """When numpy's BLAS last ran a product on its own threads for us, and so whether those
-    threads are still awake.
-
-    After a threaded call, OpenBLAS's threads spin waiting for the next one: for 2^28
-    cycles by default (about 70 ms at 3.7 GHz), 2^20 where gradcompiler was imported before
-    numpy (`OPENBLAS_THREAD_TIMEOUT`, set on import: numba_cpu's docstring). While they spin
-    they hold the other cores, so threads of ours that start then wait for a core, and a
-    product is better handed to BLAS's threads. `warm()` says so for SPIN_S after the last
-    threaded product. With the short spin they may have slept by then, and a product sent
-    to them wakes them: measured, that still beat our span threads (library_linalg).
-    """
-
-    SPIN_S = 0.05
-    """Seconds after a threaded product that its threads are taken to still spin."""
-
-    THREADED_MIN_MACS = 1 << 18
-    """Multiply-adds above which OpenBLAS runs a GEMM threaded (65,536 × 4, its threshold)."""
-
-    def __init__(self):
-        self.last = -math.inf
-
-    def ran(self, macs: int, dtype: np.dtype) -> None:
-        """Note a product of `macs` multiply-adds just run by np.matmul: threaded BLAS if it is
-        float32 or float64 (numpy's own loops take the other dtypes), large enough, and BLAS
-        is allowed threads (a user's `threadpool_limits(1)`, or our own spans, leave it one,
-        and then nothing of BLAS's spins)."""
-        if (macs > self.THREADED_MIN_MACS and dtype in (np.float32, np.float64)
-                and single_threaded_blas.fewest_threads() > 1):
-            self.last = time.perf_counter()
-
-    def warm(self) -> bool:
-        """Whether BLAS's threads are taken to be awake: a threaded product ran within SPIN_S."""
-        return time.perf_counter() - self.last < self.SPIN_S
-
-
-threaded_blas = _ThreadedBlasClock()
 _workers: ThreadPoolExecutor | None = None
 
 

@@ -1,34 +1,26 @@
-"""Matrix products: MatrixMul through BLAS, BatchedMatrixMul through our own
-kernel (`gemm`) or BLAS (op-reference §5).
+"""Matrix products, MatrixMul and BatchedMatrixMul, through our own kernel (`gemm`)
+in float32 and float64, and numpy's matmul in every other dtype (op-reference §5).
 
-`np.matmul(..., out=out)` calls BLAS directly into the destination, and a
-transposed operand is passed as a transposed *view*: numpy hands BLAS the
-"transposed" flag instead of copying. The regimes of MatrixMul only reshape
-(views of contiguous buffers): regime 2 flattens A's leading dims into rows,
-regime 3 flattens both operands; the output buffer is viewed with the
-flattened shape, so the product lands in it without a copy. K = 0 gives
-zeros, as numpy does.
+Why our kernel even for large 2-D products, where OpenBLAS runs 0-15% faster in
+isolation: one pool of threads. OpenBLAS's threads stay awake after each
+threaded product (OPENBLAS_THREAD_TIMEOUT, numba_cpu's docstring) and take a
+core from the parallel loop that follows it, and our OpenMP threads could not
+be let spin between loops while BLAS's needed the cores. With every product
+on our threads neither happens: gpt's 113 elementwise and reduction kernels
+took 25 ms of its step against 35, its batched products 13 against 16.5 (BLAS
+took them while its threads were warm), and its 2-D products 106 against 91
+(per-call profiles); the step 148-153 → 144-148 ms, and 130-136 once the
+threads spin briefly between loops (`GOMP_SPINCOUNT`, set on import), against
+140-143 with that spin and BLAS's products (medians of alternated processes).
+Batches of small products are where OpenBLAS is weakest anyway (it packs both
+operands of every item; gemm's docstring).
 
-A float32 or float64 batched product, its batch dims folded into one (as
-views), is multiplied by `gemm.Multiplier`: small products are where
-OpenBLAS is weakest (packing both operands of every item), and where
-threaded BLAS once waited on its own threads inside each short GEMM (on a
-shared machine, 100 ms spikes of the attention step against 1.3 ms
-products). Other dtypes, and batches whose broadcast cannot be folded
-without a copy, take numpy's stacked matmul.
-
-So does every batch while BLAS's own threads are warm (`library.threaded_blas`):
-in a step where 2-D products run threaded too (gpt's projections around its
-attention), OpenBLAS's threads are still awake from the last one and hold the
-other core, so threads of ours would wait for it, where BLAS's own start at
-once. Measured when the alternative was our threads each calling BLAS on
-spans of the batch, the gpt step (medians of alternated processes): 196
-against 218 ms with gradcompiler imported first, as `gradcompiler bench`
-does (OpenBLAS's spin cut to 2^20 cycles; faster in 9 of 10 pairs), 185
-against 201 ms with numpy imported first (the default 2^28-cycle spin;
-faster in 5 of 6); against `gemm`, 140-148 ms with the rule and 147-154
-without it. A step with no threaded 2-D product (the attention workload)
-runs every batch through `gemm`.
+The operands are views: a transposed operand is a transposed view (gemm reads
+any strides), MatrixMul's leading dims fold into rows (regime 2 flattens A,
+regime 3 both operands), and the output buffer is viewed with the flattened
+shape, so the product lands in it without a copy. A batched product's batch
+dims fold into one; batches whose broadcast cannot be folded without a copy
+take numpy's stacked matmul. K = 0 gives zeros, as numpy does.
 """
 
 from __future__ import annotations
@@ -39,7 +31,7 @@ import numpy as np
 
 from ...ops.linalg import BatchedMatrixMul, MatrixMul
 from . import gemm
-from .library import LibraryKernel, library_kernel, threaded_blas
+from .library import LibraryKernel, library_kernel
 
 
 def _flat2d(x: np.ndarray) -> np.ndarray:
@@ -48,9 +40,15 @@ def _flat2d(x: np.ndarray) -> np.ndarray:
     return x if x.ndim == 2 else x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
+def _ours(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+    """Whether gemm takes the product: float32 or float64 throughout."""
+    return out.dtype in gemm.OWN_DTYPES and a.dtype == b.dtype == out.dtype
+
+
 @library_kernel.register
 def _matrix_mul(op: MatrixMul) -> LibraryKernel:
     transpose_a, transpose_b = op.transpose_a, op.transpose_b
+    multiply = gemm.Multiplier()
 
     def matrix_mul(a: np.ndarray, b: np.ndarray, *, out: np.ndarray) -> None:
         a2, b2 = _flat2d(a), _flat2d(b)
@@ -58,8 +56,11 @@ def _matrix_mul(op: MatrixMul) -> LibraryKernel:
             a2 = a2.T
         if transpose_b:
             b2 = b2.T
-        np.matmul(a2, b2, out=out.reshape(a2.shape[0], b2.shape[1]))
-        threaded_blas.ran(a2.shape[0] * a2.shape[1] * b2.shape[1], out.dtype)
+        out2 = out.reshape(a2.shape[0], b2.shape[1])
+        if _ours(a2, b2, out):
+            multiply(a2[np.newaxis], b2[np.newaxis], out2[np.newaxis])
+        else:
+            np.matmul(a2, b2, out=out2)
 
     return matrix_mul
 
@@ -82,7 +83,7 @@ def _batched_matrix_mul(op: BatchedMatrixMul) -> LibraryKernel:
             a = np.swapaxes(a, -1, -2)
         if transpose_b:
             b = np.swapaxes(b, -1, -2)
-        if out.dtype in gemm.OWN_DTYPES and a.dtype == b.dtype == out.dtype and not threaded_blas.warm():
+        if _ours(a, b, out):
             batch = out.shape[:-2]
             count = math.prod(batch)
             a3, b3 = _stacked(a, batch, count), _stacked(b, batch, count)
@@ -90,6 +91,5 @@ def _batched_matrix_mul(op: BatchedMatrixMul) -> LibraryKernel:
                 multiply(a3, b3, out.reshape(count, *out.shape[-2:]))
                 return
         np.matmul(a, b, out=out)
-        threaded_blas.ran(out.size * a.shape[-1], out.dtype)
 
     return batched_matrix_mul
