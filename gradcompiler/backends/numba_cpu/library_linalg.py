@@ -1,7 +1,7 @@
 """Matrix products, MatrixMul and BatchedMatrixMul, through our own kernel (`gemm`)
 in float32 and float64, and numpy's matmul in every other dtype (op-reference §5).
 
-Why our kernel even for large 2-D products, where OpenBLAS runs 0-15% faster in
+Why our kernel even for large 2-D products, where OpenBLAS runs up to 15% faster in
 isolation: one pool of threads. OpenBLAS's threads stay awake after each
 threaded product (OPENBLAS_THREAD_TIMEOUT, numba_cpu's docstring) and take a
 core from the parallel loop that follows it, and our OpenMP threads could not
