@@ -34,10 +34,11 @@ other until the kernel ends. Matrix products, batched or not, have a kernel
 of their own (`gemm`, `library_linalg`), which runs on our threads.
 
 Loops are written once with `prange` and compiled twice (`ParallelLoop`):
-waking the thread pool costs 1.5-50 µs depending on the threading layer
-and OMP's wait policy (measured here: active 1.5, passive 6-9, workqueue
-35-50) against 0.2 µs for a serial call, so work below
-`PARALLEL_MIN_WORK` elements runs serially.
+starting a parallel loop costs 1.5-86 µs depending on the threading layer
+and whether the threads still spin from the last loop (measured: spinning
+1.5-1.7, asleep 6-9 on one machine and 77-86 on another, workqueue 35-50)
+against 0.2 µs for a serial call, so work below `PARALLEL_MIN_WORK`
+elements runs serially.
 
 `run_library_op(op, *inputs)` is the one-shot form (allocates the output);
 tests and the reference-style driver use it.
