@@ -86,14 +86,17 @@ def three_parts(monkeypatch):
                                          (1, 29, 6, 40),     # within items, by rows (too few columns)
                                          (1, 5, 3, 7),       # fewer tiles than parts
                                          (6, 40, 16, 70),    # by items, on Numba's threads
-                                         (1, 40, 16, 400)])  # by columns, on Numba's threads
+                                         (1, 40, 16, 400),   # by columns, on Numba's threads
+                                         (1, 300, 16, 200)])  # by rows (more rows than columns), threads
 def test_every_split_among_threads_equals_numpy(three_parts, rng, dtype, count, m, k, n):
-    """The small products run the loops serially (below PARALLEL_MIN_WORK), the last two in
-    parallel."""
+    """The small products run the loops serially (below PARALLEL_MIN_WORK), the last three in
+    parallel. Within an item the split is by columns only where there are two panels per part
+    and no more rows than columns."""
     multiply = gemm.Multiplier()
     _check(multiply, *_operands(rng, count, m, k, n, dtype, transpose_b=True))
     ((_, by_items, by_columns, _),) = multiply.plans.values()
-    assert (by_items, by_columns) == ((True, False) if count > 2 else (False, n >= 2 * 3 * gemm.panel_width(dtype)))
+    columns = n >= 2 * 3 * gemm.panel_width(dtype) and n >= m
+    assert (by_items, by_columns) == ((True, False) if count > 2 else (False, columns))
 
 
 def test_a_long_product_accumulates_over_blocks_of_k_and_rows(rng):

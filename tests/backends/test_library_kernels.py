@@ -95,10 +95,11 @@ def test_matrix_mul_2d_all_flags(own_products, rng, dtype, transpose_a, transpos
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("transpose_a", [False, True])
-@pytest.mark.parametrize("n", [200, 40])
+@pytest.mark.parametrize("n", [400, 200, 40])
 def test_matrix_mul_split_among_threads(own_products, rng, dtype, transpose_a, n):
-    """A product large enough to run parallel, split by columns (200) or by rows (40: too few
-    columns for a panel per thread), with edge tiles and a NaN, against float64 numpy."""
+    """A product large enough to run parallel, split by columns (400) or by rows (200: more rows
+    than columns; 40: too few columns for a panel per thread), with edge tiles and a NaN,
+    against float64 numpy."""
     a, b = randn(rng, (300, 70), dtype), randn(rng, (70, n), dtype)
     a[17, 3] = np.nan
     got = run_library_op(MatrixMul(transpose_a, False), np.ascontiguousarray(a.T) if transpose_a else a, b)

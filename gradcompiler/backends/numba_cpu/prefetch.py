@@ -40,6 +40,15 @@ prefetcher finds them; 4 to 16 ahead gathered the embedding's 65,536 rows of 256
 them in 0.57 (1.42 ms against 2.51 with none)."""
 
 
+def emit_prefetch(builder: ir.IRBuilder, address: ir.Value, write: int) -> None:
+    """The `llvm.prefetch` of the line at `address` into the L1 data cache, for an intrinsic that
+    emits its own IR (the matrix products' micro-tile)."""
+    i32 = ir.IntType(32)
+    hint = ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32])
+    call = cgutils.get_or_insert_function(builder.module, hint, "llvm.prefetch.p0")
+    builder.call(call, [address, i32(write), i32(3), i32(1)])   # rw, locality, data cache
+
+
 def _prefetch(write: int):
     def typer(typingctx, array, index):
         if not (isinstance(array, types.Array) and isinstance(index, types.Integer)):
@@ -47,11 +56,7 @@ def _prefetch(write: int):
 
         def codegen(context, builder, signature, args):
             data = context.make_array(signature.args[0])(context, builder, args[0]).data
-            address = builder.gep(data, [args[1]])
-            i32 = ir.IntType(32)
-            hint = ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32])
-            call = cgutils.get_or_insert_function(builder.module, hint, "llvm.prefetch.p0")
-            builder.call(call, [address, i32(write), i32(3), i32(1)])   # rw, locality, data cache
+            emit_prefetch(builder, builder.gep(data, [args[1]]), write)
             return context.get_dummy_value()
 
         return types.none(array, index), codegen
