@@ -5,7 +5,8 @@
   of A (MC), one row, one column, empty batches and matrices.
 * Every layout: transposed views of A and of B (A packed by the tiles that read it, B
   packed by squares transposed in registers, and their remainders), a batch broadcast with
-  stride 0, a non-contiguous slice.
+  stride 0, a non-contiguous slice, rows of A at the L1-aliasing stride (gathered by the tiles
+  of the first panel).
 * Every split among threads: by items, within items by columns and by rows (three parts,
   forced), each equal to the serial result.
 * NaN and infinities propagate to their rows and columns, and the zero padding of an
@@ -72,6 +73,21 @@ def test_transposed_operands_through_every_packing_path(rng, dtype):
     m, k, n = 5 * gemm.MR + 3, gemm.KC + lanes + 3, 2 * gemm.panel_width(dtype) + lanes + 5
     for transpose_a, transpose_b in [(True, False), (False, True), (True, True)]:
         _check(gemm.Multiplier(), *_operands(rng, 2, m, k, n, dtype, transpose_a, transpose_b))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("panels", [1, 3])
+def test_a_row_major_a_at_the_l1_aliasing_stride(rng, dtype, panels):
+    """Rows of A a multiple of L1_ALIASING apart (a slice of a wider matrix): with more than one
+    panel of B the tiles of the first gather A into micro-panels that the others read; over two
+    blocks of k, with edge tiles in rows and columns, and a NaN that reaches only its row."""
+    width = gemm.panel_width(dtype)
+    m, k, n = 3 * gemm.MR + 5, gemm.KC + 9, (panels - 1) * width + 7
+    wide = rng.standard_normal((2, m, gemm.L1_ALIASING // np.dtype(dtype).itemsize)).astype(dtype)
+    a = wide[:, :, :k]
+    a[1, 4, gemm.KC + 3] = np.nan
+    out = _check(gemm.Multiplier(), a, rng.standard_normal((2, k, n)).astype(dtype))
+    assert np.isnan(out[1, 4]).all() and np.isfinite(np.delete(out[1], 4, axis=0)).all()
 
 
 @pytest.fixture

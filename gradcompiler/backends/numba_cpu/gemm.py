@@ -26,7 +26,9 @@ How (the BLIS design, in Numba):
   32 bytes and MR is 6 (twelve accumulators of AVX2's sixteen registers).
 * A row-major A is read where it lies, the tile's eight rows at stride lda:
   packing it would cost a pass over A, as much as the product reads of it
-  when B has few columns (attention's 256×256 by 256×64). A transposed A
+  when B has few columns (attention's 256×256 by 256×64). Unless its rows
+  lie a multiple of 4 KB apart (`L1_ALIASING`): then the tiles of the first
+  panel gather what they read into micro-panels, as below. A transposed A
   (its rows adjacent, as Pᵀ in Pᵀ·dO) is packed into micro-panels (MR values
   per step of k) by the tiles of the first panel of B, which load each
   step's values as one vector and store it as they go; they copy the next
@@ -97,6 +99,15 @@ that bounds the hardware prefetchers, so without the hint each step waits on mem
 written by an earlier kernel. In gpt's step its 1024 × 1024ᵀ by 1024 × 256 weight gradient took
 2.74 ms against 3.08-3.19 with none (8, 32 and 64 steps ahead: no better)."""
 
+L1_ALIASING = 4096
+"""Bytes between addresses that share an L1 set (64 sets of 64-byte lines, as in the 32 KB
+8-way and 48 KB 12-way L1 caches of x86 cores): a row-major A whose rows lie a multiple of
+this apart puts a tile's MR rows in one set, beside the lines of B's panel. Such an A is
+packed by the tiles of the first panel (`_micro_tile_gathering`), and the others read the
+copy: in gpt's step, 1024 × 1024 by 1024 × 256 products took 1.98-2.23 ms against 2.13-2.37,
+and 1024 × 2048 by 2048 × 256 3.87-3.91 against 4.55-4.66. At other strides the copy did not
+pay (1024 × 256 by 256 × 256: 569 against 526-533 µs)."""
+
 _LANES = {types.float32: VECTOR_BYTES // 4, types.float64: VECTOR_BYTES // 8}
 
 OWN_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -113,9 +124,10 @@ def _element_pointer(context, builder, array_type, array, offset):
     return builder.gep(context.make_array(array_type)(context, builder, array).data, [offset])
 
 
-def _tile_codegen(lanes, copies):
+def _tile_codegen(lanes, copies, adjacent=True):
     """The LLVM IR of `_micro_tile` (copies 0) or of `_micro_tile_copying` (1: the tile's own
-    micro-panel) and `_micro_tile_copying_pair` (2: the next one's too)."""
+    micro-panel) and `_micro_tile_copying_pair` (2: the next one's too), whose A has its rows
+    adjacent, or of `_micro_tile_gathering` (copies 1, rows apart)."""
 
     def codegen(context, builder, signature, args):
         (a_, a_off, a_rs, a_ks, p_, p_off, c_, c_off, c_rs, depth_, accumulate_) = args[:11]
@@ -149,7 +161,7 @@ def _tile_codegen(lanes, copies):
         b = [builder.load(builder.bitcast(builder.gep(b_row, [const(v * lanes)]), vector.as_pointer()), align=4)
              for v in range(VECTORS)]
         a_k = builder.mul(k, a_ks)
-        if copies:  # the step's MR values of A (and the next micro-panel's) are adjacent: one vector
+        if copies and adjacent:  # the step's MR values of A (and the next micro-panel's): one vector
             # this walk of A moves a whole row of the view per step: no hardware prefetcher follows it
             emit_prefetch(builder, builder.gep(a_start, [builder.add(a_k, builder.mul(const(A_AHEAD), a_ks))]), 0)
             copy_start = base(11, args[11], args[12])
@@ -168,8 +180,16 @@ def _tile_codegen(lanes, copies):
             undef = ir.Constant(vector, ir.Undefined)
             splat = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
             rows = [builder.gep(a_start, [builder.add(builder.mul(const(r), a_rs), a_k)]) for r in range(MR)]
+            values = [builder.load(row, align=4) for row in rows]
+            if copies:  # gathered into the step's column of the micro-panel
+                column_type = ir.VectorType(scalar, MR)
+                column = ir.Constant(column_type, ir.Undefined)
+                for r, value in enumerate(values):
+                    column = builder.insert_element(column, value, ir.Constant(i32, r))
+                copy_at = builder.gep(base(11, args[11], args[12]), [builder.mul(k, const(MR))])
+                builder.store(column, builder.bitcast(copy_at, column_type.as_pointer()), align=4)
             broadcasts = [builder.shuffle_vector(builder.insert_element(
-                undef, builder.load(row, align=4), ir.Constant(i32, 0)), undef, splat) for row in rows]
+                undef, value, ir.Constant(i32, 0)), undef, splat) for value in values]
         updated = [[builder.call(fma, [broadcasts[r], b[v], tile[r][v]]) for v in range(VECTORS)] for r in range(MR)]
         k_next = builder.add(k, const(1))
         k.add_incoming(k_next, builder.block)
@@ -203,25 +223,29 @@ def _micro_tile(typingctx, a, a_offset, a_row_step, a_k_step, panel, panel_offse
     return sig, _tile_codegen(_LANES[a.dtype], copies=0)
 
 
-def _copying_tile(copies):
-    """`_micro_tile` for an A whose MR rows are adjacent (a_row_step 1: a transposed view), which
-    also writes what it reads of A, packed: the tile's micro-panel, and with copies 2 the next
-    micro-panel's too (the other half of the same cache lines), to copy[copy_offset + p·depth·MR
-    + k·MR + r] for p < copies. The reads of A are then the packing, overlapped with the tile's
-    multiply-adds, and every line of A is fetched once."""
+def _copying_tile(copies, adjacent=True):
+    """`_micro_tile` that also writes what it reads of A, packed: the tile's micro-panel, and with
+    copies 2 the next micro-panel's too, to copy[copy_offset + p·depth·MR + k·MR + r] for p <
+    copies. The reads of A are then the packing, overlapped with the tile's multiply-adds.
+
+    With `adjacent`, A's MR rows are adjacent (a_row_step 1: a transposed view): each step of k
+    reads them as one vector, and a pair of micro-panels is the two halves of the same cache
+    lines, so every line of A is fetched once. Otherwise (`_micro_tile_gathering`) the step's MR
+    values are loaded one by one, as `_micro_tile` loads them, and gathered into one vector."""
 
     @intrinsic
     def tile(typingctx, a, a_offset, a_row_step, a_k_step, panel, panel_offset, c, c_offset, c_row_step, depth,
              accumulate, copy, copy_offset):
         sig = types.none(a, a_offset, a_row_step, a_k_step, panel, panel_offset, c, c_offset, c_row_step,
                          depth, accumulate, copy, copy_offset)
-        return sig, _tile_codegen(_LANES[a.dtype], copies)
+        return sig, _tile_codegen(_LANES[a.dtype], copies, adjacent)
 
     return tile
 
 
 _micro_tile_copying = _copying_tile(1)
 _micro_tile_copying_pair = _copying_tile(2)
+_micro_tile_gathering = _copying_tile(1, adjacent=False)
 
 
 @intrinsic
@@ -334,9 +358,11 @@ def _product(a, b, c, m0, m1, n0, n1, packed, packed_rows, tile):
     """c[m0:m1, n0:n1] = a[m0:m1] @ b[:, n0:n1]; `packed` holds KC × (n1 - n0) rounded up to
     panels, `packed_rows` MC × KC and `tile` MR × NR elements (the caller's scratch).
 
-    A row-major A is read where it lies. A transposed A (its MR rows adjacent) is packed into
-    `packed_rows` by the tiles of the first panel of B, which read each step's MR values as one
-    vector and store it there as they go (`_micro_tile_copying`); the tiles of the other panels
+    A row-major A is read where it lies, unless its rows are a multiple of L1_ALIASING apart
+    and B has more than one panel: then the tiles of the first panel gather it into
+    `packed_rows` (`_micro_tile_gathering`). A transposed A (its MR rows adjacent) is packed
+    there by the tiles of the first panel of B, which read each step's MR values as one vector
+    and store it as they go (`_micro_tile_copying`). Either way the tiles of the other panels
     read the packed copy. Read in place by every panel, a transposed A moves a whole row of the
     view per step of k, and at a power-of-two row that walk maps onto a few L1 sets: each
     panel would fetch A again from L2. A last partial micro-panel is packed first, with zero
@@ -349,6 +375,7 @@ def _product(a, b, c, m0, m1, n0, n1, packed, packed_rows, tile):
     item = a.itemsize
     a_rs, a_ks, c_rs = a.strides[0] // item, a.strides[1] // item, c.strides[0] // item
     copied = a_rs == 1
+    gathered = not copied and a_rs * item % L1_ALIASING == 0 and n1 - n0 > width
     for k0 in range(0, k, KC):
         kc = min(KC, k - k0)
         _pack_panels(b, k0, kc, n0, n1, packed)
@@ -367,7 +394,8 @@ def _product(a, b, c, m0, m1, n0, n1, packed, packed_rows, tile):
                     target, at, step = (c, i * c_rs + j0, c_rs) if whole else (tile, 0, width)
                     add = accumulate and whole
                     a_at, rows_at = i * a_rs + k0 * a_ks, (i - i0) * kc
-                    if i >= packed_from or (copied and (q > 0 or (i - i0) // MR % 2)):
+                    packed_already = (copied and (q > 0 or (i - i0) // MR % 2)) or (gathered and q > 0)
+                    if i >= packed_from or packed_already:
                         _micro_tile(packed_rows, rows_at, 1, MR, packed, panel, target, at, step, kc, add)
                     elif copied and i + 2 * MR <= packed_from:
                         _micro_tile_copying_pair(a, a_at, a_rs, a_ks, packed, panel, target, at, step, kc, add,
@@ -375,6 +403,9 @@ def _product(a, b, c, m0, m1, n0, n1, packed, packed_rows, tile):
                     elif copied:
                         _micro_tile_copying(a, a_at, a_rs, a_ks, packed, panel, target, at, step, kc, add,
                                             packed_rows, rows_at)
+                    elif gathered:
+                        _micro_tile_gathering(a, a_at, a_rs, a_ks, packed, panel, target, at, step, kc, add,
+                                              packed_rows, rows_at)
                     else:
                         _micro_tile(a, a_at, a_rs, a_ks, packed, panel, target, at, step, kc, add)
                     if not whole:
