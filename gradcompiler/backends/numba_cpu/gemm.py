@@ -161,35 +161,35 @@ def _tile_codegen(lanes, copies, adjacent=True):
         b = [builder.load(builder.bitcast(builder.gep(b_row, [const(v * lanes)]), vector.as_pointer()), align=4)
              for v in range(VECTORS)]
         a_k = builder.mul(k, a_ks)
+        column_type = ir.VectorType(scalar, MR)
         if copies and adjacent:  # the step's MR values of A (and the next micro-panel's): one vector
             # this walk of A moves a whole row of the view per step: no hardware prefetcher follows it
             emit_prefetch(builder, builder.gep(a_start, [builder.add(a_k, builder.mul(const(A_AHEAD), a_ks))]), 0)
-            copy_start = base(11, args[11], args[12])
-            run_type, column_type = ir.VectorType(scalar, copies * MR), ir.VectorType(scalar, MR)
+            run_type = ir.VectorType(scalar, copies * MR)
             run = builder.load(builder.bitcast(builder.gep(a_start, [a_k]), run_type.as_pointer()), align=4)
-            for panel in range(copies):
-                column = builder.shuffle_vector(run, ir.Constant(run_type, ir.Undefined), ir.Constant(
-                    ir.VectorType(i32, MR), list(range(panel * MR, panel * MR + MR))))
-                copy_at = builder.gep(copy_start, [builder.add(builder.mul(k, const(MR)),
-                                                               builder.mul(depth_, const(panel * MR)))])
-                builder.store(column, builder.bitcast(copy_at, column_type.as_pointer()), align=4)
+            columns = [builder.shuffle_vector(run, ir.Constant(run_type, ir.Undefined), ir.Constant(
+                ir.VectorType(i32, MR), list(range(panel * MR, panel * MR + MR)))) for panel in range(copies)]
             broadcasts = [builder.shuffle_vector(run, ir.Constant(run_type, ir.Undefined),
                                                  ir.Constant(ir.VectorType(i32, lanes), [r] * lanes))
                           for r in range(MR)]
-        else:  # MR values at a stride of a_row_step, each loaded and splat
+        else:  # MR values at a stride of a_row_step, each loaded and splat (and gathered, to copy)
             undef = ir.Constant(vector, ir.Undefined)
             splat = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
             rows = [builder.gep(a_start, [builder.add(builder.mul(const(r), a_rs), a_k)]) for r in range(MR)]
             values = [builder.load(row, align=4) for row in rows]
-            if copies:  # gathered into the step's column of the micro-panel
-                column_type = ir.VectorType(scalar, MR)
+            columns = []
+            if copies:
                 column = ir.Constant(column_type, ir.Undefined)
                 for r, value in enumerate(values):
                     column = builder.insert_element(column, value, ir.Constant(i32, r))
-                copy_at = builder.gep(base(11, args[11], args[12]), [builder.mul(k, const(MR))])
-                builder.store(column, builder.bitcast(copy_at, column_type.as_pointer()), align=4)
+                columns.append(column)
             broadcasts = [builder.shuffle_vector(builder.insert_element(
                 undef, value, ir.Constant(i32, 0)), undef, splat) for value in values]
+        copy_start = base(11, args[11], args[12]) if copies else None
+        for panel, column in enumerate(columns):  # the step's column of each copied micro-panel
+            copy_at = builder.gep(copy_start, [builder.add(builder.mul(k, const(MR)),
+                                                           builder.mul(depth_, const(panel * MR)))])
+            builder.store(column, builder.bitcast(copy_at, column_type.as_pointer()), align=4)
         updated = [[builder.call(fma, [broadcasts[r], b[v], tile[r][v]]) for v in range(VECTORS)] for r in range(MR)]
         k_next = builder.add(k, const(1))
         k.add_incoming(k_next, builder.block)
