@@ -43,7 +43,7 @@ How (the BLIS design, in Numba):
   also removes B's stride, which at a power of two (a 1 KB row) would map
   every row of the panel onto a handful of L1 sets. A transposed B (Kᵀ in
   Q·Kᵀ) is packed in L × L squares transposed in registers
-  (`_transpose_square`, L a vector's lanes) rather than value by value:
+  (`transpose_square`, L a vector's lanes) rather than value by value:
   Q·Kᵀ over 16 items went from 636-654 µs to 548-575.
 * Rows of A are taken MC at a time (their KC columns stay in L2 while
   every panel of B passes). Edges: the last rows of A are packed into a
@@ -124,14 +124,21 @@ def _element_pointer(context, builder, array_type, array, offset):
     return builder.gep(context.make_array(array_type)(context, builder, array).data, [offset])
 
 
-def _tile_codegen(lanes, copies, adjacent=True):
+def _tile_codegen(lanes, copies, adjacent=True, summed=False):
     """The LLVM IR of `_micro_tile` (copies 0) or of `_micro_tile_copying` (1: the tile's own
     micro-panel) and `_micro_tile_copying_pair` (2: the next one's too), whose A has its rows
-    adjacent, or of `_micro_tile_gathering` (copies 1, rows apart)."""
+    adjacent, or of `_micro_tile_gathering` (copies 1, rows apart); with `summed`, of
+    `micro_tile_sum` (a sum of products over offset pairs, B's rows at a stride)."""
 
     def codegen(context, builder, signature, args):
-        (a_, a_off, a_rs, a_ks, p_, p_off, c_, c_off, c_rs, depth_, accumulate_) = args[:11]
         i64, i32 = ir.IntType(64), ir.IntType(32)
+        if summed:
+            (a_, a_off, a_rs, a_ks, a_terms, p_, p_off, b_ks, b_terms, c_, c_off, c_rs, depth_,
+             accumulate_) = args
+            c_position = 9
+        else:
+            (a_, a_off, a_rs, a_ks, p_, p_off, c_, c_off, c_rs, depth_, accumulate_) = args[:11]
+            b_ks, c_position = ir.Constant(i64, VECTORS * lanes), 6
         scalar = context.get_data_type(signature.args[0].dtype)
         vector = ir.VectorType(scalar, lanes)
         fma = cgutils.get_or_insert_function(
@@ -143,21 +150,34 @@ def _tile_codegen(lanes, copies, adjacent=True):
         def const(n):
             return ir.Constant(i64, n)
 
-        a_start, panel_start, c_start = base(0, a_, a_off), base(4, p_, p_off), base(6, c_, c_off)
-        entry = builder.block
-        loop = builder.function.append_basic_block("tile_k")
-        done = builder.function.append_basic_block("tile_done")
-        builder.branch(loop)
+        def loop_head(name, starts):
+            """A new block, branched to from the current one: its counter (from 0) and the phis of
+            the tile's MR × VECTORS sums (from `starts`)."""
+            came_from, block = builder.block, builder.function.append_basic_block(name)
+            builder.branch(block)
+            builder.position_at_end(block)
+            counter = builder.phi(i64)
+            counter.add_incoming(const(0), came_from)
+            grid = [[builder.phi(vector) for _ in range(VECTORS)] for _ in range(MR)]
+            for row, values in zip(grid, starts):
+                for acc, value in zip(row, values):
+                    acc.add_incoming(value, came_from)
+            return block, counter, grid
 
-        builder.position_at_end(loop)
-        k = builder.phi(i64)
-        k.add_incoming(const(0), entry)
-        zero = ir.Constant(vector, [0.0] * lanes)
-        tile = [[builder.phi(vector) for _ in range(VECTORS)] for _ in range(MR)]
-        for row in tile:
-            for acc in row:
-                acc.add_incoming(zero, entry)
-        b_row = builder.gep(panel_start, [builder.mul(k, const(VECTORS * lanes))])
+        a_start, panel_start, c_start = base(0, a_, a_off), base(4 + summed, p_, p_off), base(c_position, c_, c_off)
+        start_values = [[ir.Constant(vector, [0.0] * lanes)] * VECTORS for _ in range(MR)]
+        if summed:  # an outer loop over the terms: each moves A and B to its own offsets
+            term_loop, term, sums = loop_head("tile_term", start_values)
+
+            def offset(position, array, index):
+                return builder.load(base(position, array, index))
+
+            a_start = builder.gep(a_start, [offset(4, a_terms, term)])
+            panel_start = builder.gep(panel_start, [offset(8, b_terms, term)])
+            start_values = sums
+        loop, k, tile = loop_head("tile_k", start_values)
+        done = builder.function.append_basic_block("tile_done")
+        b_row = builder.gep(panel_start, [builder.mul(k, b_ks)])
         b = [builder.load(builder.bitcast(builder.gep(b_row, [const(v * lanes)]), vector.as_pointer()), align=4)
              for v in range(VECTORS)]
         a_k = builder.mul(k, a_ks)
@@ -196,7 +216,19 @@ def _tile_codegen(lanes, copies, adjacent=True):
         for r in range(MR):
             for v in range(VECTORS):
                 tile[r][v].add_incoming(updated[r][v], builder.block)
-        builder.cbranch(builder.icmp_signed("<", k_next, depth_), loop, done)
+        if summed:
+            term_done = builder.function.append_basic_block("tile_term_done")
+            builder.cbranch(builder.icmp_signed("<", k_next, depth_), loop, term_done)
+            builder.position_at_end(term_done)
+            term_next = builder.add(term, const(1))
+            term.add_incoming(term_next, term_done)
+            for r in range(MR):
+                for v in range(VECTORS):
+                    sums[r][v].add_incoming(updated[r][v], term_done)
+            terms = context.make_array(signature.args[4])(context, builder, a_terms).nitems
+            builder.cbranch(builder.icmp_signed("<", term_next, terms), term_loop, done)
+        else:
+            builder.cbranch(builder.icmp_signed("<", k_next, depth_), loop, done)
 
         builder.position_at_end(done)
         for r in range(MR):
@@ -221,6 +253,21 @@ def _micro_tile(typingctx, a, a_offset, a_row_step, a_k_step, panel, panel_offse
     sig = types.none(a, a_offset, a_row_step, a_k_step, panel, panel_offset, c, c_offset, c_row_step,
                      depth, accumulate)
     return sig, _tile_codegen(_LANES[a.dtype], copies=0)
+
+
+@intrinsic
+def micro_tile_sum(typingctx, a, a_offset, a_row_step, a_k_step, a_terms, b, b_offset, b_k_step, b_terms, c,
+                   c_offset, c_row_step, depth, accumulate):
+    """C[r, j] (+)= Σₜ Σₖ A[r, a_terms[t] + k·a_k_step]·B[b_terms[t] + k·b_k_step, j] over an MR × NR
+    tile: a sum of len(a_terms) ≥ 1 products of `depth` ≥ 1 steps each, kept in registers.
+
+    A[r, i] is a[a_offset + r·a_row_step + i] and B[i, j] is b[b_offset + i + j] (element offsets
+    from each array's data pointer; each of B's rows NR contiguous values); C as in `_micro_tile`.
+    The terms of a direct convolution are its taps (`library_direct_conv`): each shifts the
+    image (B) and picks the tap's column of the filter (A)."""
+    sig = types.none(a, a_offset, a_row_step, a_k_step, a_terms, b, b_offset, b_k_step, b_terms, c, c_offset,
+                     c_row_step, depth, accumulate)
+    return sig, _tile_codegen(_LANES[a.dtype], copies=0, summed=True)
 
 
 def _copying_tile(copies, adjacent=True):
@@ -249,7 +296,7 @@ _micro_tile_gathering = _copying_tile(1, adjacent=False)
 
 
 @intrinsic
-def _transpose_square(typingctx, source, source_offset, source_step, target, target_offset, target_step):
+def transpose_square(typingctx, source, source_offset, source_step, target, target_offset, target_step):
     """target[t·target_step + j] = source[j·source_step + t] for an L × L square, L a vector's lanes.
 
     Loads L vectors of `source` (its contiguous runs), transposes them in registers, stores L
@@ -293,7 +340,7 @@ def _transpose_square(typingctx, source, source_offset, source_step, target, tar
 
 
 @intrinsic
-def _lanes(typingctx, array):
+def vector_lanes(typingctx, array):
     """L, a vector's lanes for the array's dtype, as a constant of the compiled code (a loop over a
     tile's NR = VECTORS·L columns then has a known trip count, and LLVM vectorises it whole)."""
     lanes = _LANES[array.dtype]
@@ -313,7 +360,7 @@ def _pack_panels(b, k0, kc, n0, n1, packed):
 
     A B whose columns are contiguous (a transposed view, such as Kᵀ in Q·Kᵀ) is read in
     L × L squares transposed in registers; what the squares leave, column by column."""
-    lanes = _lanes(b)
+    lanes = vector_lanes(b)
     width = VECTORS * lanes
     item = b.itemsize
     columns_contiguous = b.strides[1] > b.strides[0]
@@ -336,7 +383,7 @@ def _pack_panels(b, k0, kc, n0, n1, packed):
                         packed[start + kk * width + j] = b[k0 + kk, first + j]
             for j in range(0, cols // lanes * lanes, lanes):
                 for kk in range(0, squares, lanes):
-                    _transpose_square(b, (k0 + kk) + (first + j) * (b.strides[1] // item), b.strides[1] // item,
+                    transpose_square(b, (k0 + kk) + (first + j) * (b.strides[1] // item), b.strides[1] // item,
                                       packed, start + kk * width + j, width)
 
 
@@ -368,7 +415,7 @@ def _product(a, b, c, m0, m1, n0, n1, packed, packed_rows, tile):
     panel would fetch A again from L2. A last partial micro-panel is packed first, with zero
     padding, whatever the layout."""
     k = a.shape[1]
-    width = VECTORS * _lanes(a)
+    width = VECTORS * vector_lanes(a)
     if k == 0:
         c[m0:m1, n0:n1] = 0.0
         return
@@ -433,7 +480,7 @@ def _within_items(a, b, c, by_columns, packed, packed_rows, tile):
     """Each item's product split among the threads: by columns (whole panels) or by rows
     (whole tiles)."""
     parts, m, n = packed.shape[0], a.shape[1], b.shape[2]
-    width = VECTORS * _lanes(a)
+    width = VECTORS * vector_lanes(a)
     for item in range(a.shape[0]):
         for part in prange(parts):
             if by_columns:

@@ -1,10 +1,11 @@
 """Convolution and pooling on the CPU (docs/op-reference.md §13-§14).
 
-The forward and the filter gradient of a 3×3 stride-1 convolution with enough channels
-take Winograd's F(2×2, 3×3) (library_winograd), falling back to im2col when an input is
+The forward and the filter gradient of a convolution with one group, no dilation and enough
+channels take the direct kernels (library_direct_conv: the `gemm` micro-tile over shifted
+views of the padded image), the filter gradient falling back to im2col when the images are
 not finite; at stride 1 the data gradient of a finite filter is itself a convolution
-(`_transposed_convolution`) and takes the forward's route, Winograd included. The rest of this module is that
-fallback and every other geometry.
+(`_transposed_convolution`) and takes the forward's route, the direct kernel included. The
+rest of this module is that fallback and every other geometry.
 
 Convolution is im2col + BLAS: a chunk of images is unfolded into a column
 buffer (rows: channel × kernel tap, columns: output pixels) that the kernel
@@ -45,14 +46,15 @@ its plane.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit, prange
 
 from ...ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, Geometry
 from ...ops.pool import POOL_MODES, Pooling, PoolingBackward
 from .library import LibraryKernel, ParallelLoop, in_spans, library_kernel, thread_spans
-from .library_winograd import Winograd
-from .library_winograd import applies as winograd_applies
+from .library_direct_conv import DirectConvolution, filter_applies, forward_applies
 
 COLUMN_BYTES = 8 << 20
 _MAX, _AVERAGE, _EXCLUDE_PADDING = (POOL_MODES.index(m) for m in
@@ -230,23 +232,23 @@ class _Columns:
 class _ConvKernel:
     """A kernel that builds its plans on first use (the geometry needs the shapes): the
     `_Columns` of im2col + GEMM and, for the ops that have one and where it applies, a
-    `Winograd` (`winograd_for`), which the kernel tries first. Each is built only when
-    asked for: the im2col buffers are not allocated while Winograd serves."""
+    `DirectConvolution` (`direct_for`), which the kernel tries first. Each is built only when
+    asked for: the im2col buffers are not allocated while the direct kernels serve."""
 
-    def __init__(self, op, winograd: bool = False):
-        self.op, self.winograd = op, winograd
+    def __init__(self, op, direct: Callable[[Geometry], bool] | None = None):
+        self.op, self.direct = op, direct
         self.columns: _Columns | None = None
-        self.tiles: Winograd | None = None
+        self.direct_plan: DirectConvolution | None = None
 
     def columns_for(self, g: Geometry, dtype: np.dtype) -> _Columns:
         self.columns = _plan(self.columns, _Columns, g, dtype)
         return self.columns
 
-    def winograd_for(self, g: Geometry, dtype: np.dtype) -> Winograd | None:
-        if not (self.winograd and winograd_applies(g)):
+    def direct_for(self, g: Geometry, dtype: np.dtype) -> DirectConvolution | None:
+        if self.direct is None or not self.direct(g):
             return None
-        self.tiles = _plan(self.tiles, Winograd, g, dtype)
-        return self.tiles
+        self.direct_plan = _plan(self.direct_plan, DirectConvolution, g, dtype)
+        return self.direct_plan
 
 
 def _plan(plan, kind, g: Geometry, dtype: np.dtype):
@@ -260,8 +262,9 @@ class _Forward(_ConvKernel):
     def __call__(self, x, w, *, out):
         x, w = np.ascontiguousarray(x), np.ascontiguousarray(w)
         g = self.op.geometry(x.shape, w.shape)
-        winograd = self.winograd_for(g, out.dtype)
-        if winograd is not None and winograd.forward(x, w, out):
+        direct = self.direct_for(g, out.dtype)
+        if direct is not None:
+            direct.forward(x, w, out)
             return
         c = self.columns_for(g, out.dtype)
         filters = c.grouped_filter(w)
@@ -290,7 +293,7 @@ class _BackwardData(_ConvKernel):
         transposed = _transposed_convolution(g)
         if transposed is not None and np.isfinite(w).all():
             if self.as_forward is None or self.as_forward.op != transposed:
-                self.as_forward = _Forward(transposed, winograd=True)
+                self.as_forward = _Forward(transposed, direct=forward_applies)
             self.as_forward(dy, _flipped_transposed(w, g), out=out)
             return
         c = self.columns_for(g, out.dtype)
@@ -337,8 +340,8 @@ class _BackwardFilter(_ConvKernel):
     def __call__(self, x, dy, *, out):
         x, dy = np.ascontiguousarray(x), np.ascontiguousarray(dy)
         g = self.op.geometry(x.shape, out.shape)
-        winograd = self.winograd_for(g, out.dtype)
-        if winograd is not None and winograd.backward_filter(x, dy, out):
+        direct = self.direct_for(g, out.dtype)
+        if direct is not None and direct.backward_filter(x, dy, out):
             return
         c = self.columns_for(g, out.dtype)
         grouped_dy = c.grouped_images(dy, c.g.o)
@@ -359,7 +362,7 @@ class _BackwardFilter(_ConvKernel):
 
 @library_kernel.register
 def _convolution(op: Convolution) -> LibraryKernel:
-    return _Forward(op, winograd=True)
+    return _Forward(op, direct=forward_applies)
 
 
 @library_kernel.register
@@ -369,7 +372,7 @@ def _convolution_backward_data(op: ConvolutionBackwardData) -> LibraryKernel:
 
 @library_kernel.register
 def _convolution_backward_filter(op: ConvolutionBackwardFilter) -> LibraryKernel:
-    return _BackwardFilter(op, winograd=True)
+    return _BackwardFilter(op, direct=filter_applies)
 
 
 # -- pooling loops ------------------------------------------------------------------------------

@@ -1,0 +1,210 @@
+"""Direct convolutions on the CPU (backends/numba_cpu/library_direct_conv.py) and the
+stride-1 data gradient as a transposed convolution (library_conv), against the numpy
+reference interpreter: float64 to 1e-10, float32 to 1e-5 of the output's scale.
+
+Each test also pins the route the kernel took (the kernel's plans), so a change to when
+the direct kernels apply cannot turn these into tests of im2col.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gradcompiler as gc
+from gradcompiler.backends.numba_cpu import library_direct_conv
+from gradcompiler.backends.numba_cpu.library import library_kernel
+from gradcompiler.ir import TensorType
+from gradcompiler.ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter
+
+from oracle import assert_close
+
+RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}
+MIN = library_direct_conv.MIN_CHANNELS
+
+CASES = {  # x shape, output channels, padding, filter size, stride
+    "same_even": ((3, MIN, 6, 8), MIN, (1, 1), (3, 3), (1, 1)),
+    "same_odd": ((1, MIN, 7, 5), MIN + 3, (1, 1), (3, 3), (1, 1)),      # a partial tile of channels
+    "valid": ((2, MIN + 2, 5, 6), MIN, (0, 0), (3, 3), (1, 1)),         # no padding: 3×4 outputs
+    "wide_padding": ((2, MIN, 3, 4), MIN, (3, 2), (3, 3), (1, 1)),      # outputs in the padding only
+    "one_pixel_out": ((1, MIN, 3, 3), MIN, (0, 0), (3, 3), (1, 1)),
+    "uneven_padding": ((3, MIN, 9, 4), MIN + 1, (2, 0), (3, 3), (1, 1)),
+    "five_by_three": ((2, MIN + 4, 7, 9), MIN + 8, (2, 1), (5, 3), (1, 1)),
+    "two_by_two": ((2, MIN, 6, 6), 2 * MIN + 8, (0, 1), (2, 2), (1, 1)),  # more than one panel of outputs
+    "stride_two": ((2, MIN, 9, 8), 2 * MIN, (1, 1), (3, 3), (2, 2)),     # four phases
+    "stride_two_three": ((3, MIN, 10, 11), MIN + 1, (1, 0), (3, 3), (2, 3)),
+    "strided_one_by_one": ((2, MIN, 9, 8), MIN, (0, 0), (1, 1), (3, 1)),
+    "strided_five_by_four": ((1, MIN + 1, 12, 13), MIN + 4, (2, 1), (5, 4), (2, 2)),
+}
+
+
+def ops(case):
+    x_shape, outputs, padding, kernel, stride = CASES[case]
+    forward = Convolution(padding=padding, stride=stride)
+    w_shape = (outputs, x_shape[1], *kernel)
+    y_shape = forward.infer(TensorType(x_shape, "float64"), TensorType(w_shape, "float64")).shape
+    return (forward, ConvolutionBackwardData(padding=padding, stride=stride, image=x_shape[2:]),
+            ConvolutionBackwardFilter(padding=padding, stride=stride, kernel=kernel), x_shape, w_shape, y_shape)
+
+
+def run(op, *inputs):
+    """The op's kernel applied once, and the kernel (its plans say which route it took)."""
+    kernel = library_kernel(op)
+    out_type = op.infer(*(TensorType(x.shape, x.dtype) for x in inputs))
+    out = np.empty(out_type.shape, out_type.dtype)
+    kernel(*inputs, out=out)
+    assert_close(out, op.reference(*inputs), rtol=RTOL[out.dtype], label=op.describe())
+    return kernel
+
+
+def by_direct(kernel) -> bool:
+    """Whether the last call was served by the direct kernel alone (im2col's plan never built)."""
+    return kernel.direct_plan is not None and kernel.columns is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", list(CASES))
+def test_direct_equals_the_reference(case, dtype, rng):
+    forward, data, filt, *shapes = ops(case)
+    x, w, dy = (rng.standard_normal(shape).astype(dtype) for shape in shapes)
+    assert by_direct(run(forward, x, w))
+    assert by_direct(run(filt, x, dy))
+    data_kernel = run(data, w, dy)
+    transposed = forward.stride == (1, 1) and w.shape[0] <= w.shape[1] and all(
+        k - 1 >= p for k, p in zip(w.shape[2:], forward.padding))
+    assert (data_kernel.as_forward is not None) == transposed, case  # a transposed convolution,
+    if transposed:
+        assert by_direct(data_kernel.as_forward)                   # itself direct
+
+
+def test_empty_batch(rng):
+    """No images: empty outputs and a zero filter gradient (every span empty)."""
+    forward, data, filt, x_shape, w_shape, y_shape = ops("same_even")
+    x, w, dy = (rng.standard_normal(s) for s in ((0, *x_shape[1:]), w_shape, (0, *y_shape[1:])))
+    for op, inputs in ((forward, (x, w)), (filt, (x, dy)), (data, (w, dy))):
+        assert run(op, *inputs).direct_plan is not None or op is data
+
+
+@pytest.mark.parametrize("case", ["same_odd", "uneven_padding", "stride_two_three"])
+def test_direct_over_threads_reusing_buffers(case, rng, parallel_loops):
+    """A batch of 5 in spans over two threads, called twice: the second call reuses buffers the
+    first left filled with NaN (what the tiles read must be this call's pixels or zeros: the
+    spare pixels of each row read pixels of the padding and of the next row, and the filter
+    gradient multiplies them by a zero gradient, where 0 · NaN would be NaN)."""
+    forward, data, filt, x_shape, w_shape, y_shape = ops(case)
+    x_shape, y_shape = (5, *x_shape[1:]), (5, *y_shape[1:])
+    x, w, dy = (rng.standard_normal(s) for s in (x_shape, w_shape, y_shape))
+    forward_kernel, filter_kernel = library_kernel(forward), library_kernel(filt)
+    for scale in (1.0, -3.0):
+        for op, kernel, inputs in ((forward, forward_kernel, (scale * x, w)),
+                                   (filt, filter_kernel, (scale * x, dy))):
+            out = np.empty(op.infer(*(TensorType(a.shape, a.dtype) for a in inputs)).shape)
+            kernel(*inputs, out=out)
+            assert_close(out, op.reference(*inputs), rtol=1e-10, label=op.describe())
+            plan = kernel.direct_plan
+            assert plan.threads == 2 and by_direct(kernel)
+            for buffers in plan.forward_buffers or plan.filter_buffers:
+                for buffer in buffers:
+                    buffer.fill(np.nan)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference's inf - inf, 0 * inf
+@pytest.mark.parametrize("operand", ["x", "w", "dy"])
+def test_non_finite_inputs_give_the_reference_values(operand, rng):
+    """A NaN or ±inf in an input gives the reference's NaN and ±inf, position for position. The
+    forward, and the filter gradient of a non-finite dy, stay direct (a spare pixel's output is
+    not stored, and its gradient is a zero the kernel writes); the filter gradient of a
+    non-finite image falls back to im2col, as a spare pixel multiplies pixels of the image by
+    that zero gradient (0 · inf)."""
+    forward, data, filt, x_shape, w_shape, y_shape = ops("same_even")
+    values = {"x": rng.standard_normal(x_shape), "w": rng.standard_normal(w_shape),
+              "dy": rng.standard_normal(y_shape)}
+    flat = values[operand].reshape(-1)
+    flat[[3, 40, 41]] = [np.inf, -np.inf, np.nan]
+    x, w, dy = values["x"], values["w"], values["dy"]
+    if operand != "dy":
+        assert by_direct(run(forward, x, w))
+    if operand != "w":
+        kernel = run(filt, x, dy)
+        assert kernel.direct_plan is not None and (kernel.columns is not None) == (operand == "x")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("case", ["same_odd", "stride_two_three"])
+@pytest.mark.parametrize("value", [np.inf, np.nan])
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_a_non_finite_pixel_anywhere_in_a_row_is_seen(case, where, value, rng):
+    """The image is copied a row at a time, contiguously at stride 1 and a phase's columns at a
+    time otherwise: a non-finite pixel at either end of a row makes the filter gradient fall
+    back, and the forward gives the reference's NaN and inf."""
+    forward, data, filt, x_shape, w_shape, y_shape = ops(case)
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    x[0, x_shape[1] - 1, x_shape[2] - 1, 0 if where == "first" else x_shape[3] - 1] = value
+    assert by_direct(run(forward, x, w))
+    kernel = run(filt, x, rng.standard_normal(y_shape))
+    assert kernel.direct_plan is not None and kernel.columns is not None
+
+
+def test_few_channels_and_other_geometries_take_im2col(rng):
+    """The direct kernels only where they pay and apply: no dilation, one group, not a 1×1
+    filter at stride 1, at least MIN_CHANNELS output channels (the forward) or input and
+    output channels (the filter gradient)."""
+    x = rng.standard_normal((2, MIN, 6, 6))
+    for op, w in ((Convolution(padding=(1, 1)), rng.standard_normal((MIN - 1, MIN, 3, 3))),
+                  (Convolution(dilation=(2, 2), padding=(2, 2)), rng.standard_normal((MIN, MIN, 3, 3))),
+                  (Convolution(groups=2), rng.standard_normal((MIN, MIN // 2, 3, 3))),
+                  (Convolution(), rng.standard_normal((MIN, MIN, 1, 1)))):
+        kernel = run(op, x, w)
+        assert kernel.direct_plan is None and kernel.columns is not None, op
+    few = rng.standard_normal((2, 3, 6, 6))  # 3 input channels: a direct forward, im2col's filter gradient
+    assert by_direct(run(Convolution(padding=(1, 1)), few, rng.standard_normal((MIN, 3, 3, 3))))
+    kernel = run(ConvolutionBackwardFilter(padding=(1, 1), kernel=(3, 3)), few, rng.standard_normal((2, MIN, 6, 6)))
+    assert kernel.direct_plan is None and kernel.columns is not None
+
+
+@pytest.mark.parametrize("kernel_size, padding", [((3, 3), (1, 1)), ((2, 3), (1, 2)), ((1, 1), (0, 0)),
+                                                 ((2, 2), (2, 1))])
+def test_stride_one_data_gradient_as_a_transposed_convolution(kernel_size, padding, rng):
+    """At stride 1 the data gradient convolves dy with the flipped, transposed filter (padded
+    by dilation·(kernel − 1) − padding), groups and dilation included; where that padding
+    would be negative, or dy has more channels than the images, it multiplies into columns
+    and folds them back."""
+    for groups, dilation, channels, outputs in ((1, (1, 1), 4, 3), (2, (2, 1), 4, 6), (1, (1, 1), 2, 5)):
+        params = {"padding": padding, "dilation": dilation, "groups": groups}
+        x_shape, w_shape = (2, channels, 7, 8), (outputs, channels // groups, *kernel_size)
+        y_shape = Convolution(**params).infer(TensorType(x_shape, "float64"),
+                                              TensorType(w_shape, "float64")).shape
+        kernel = run(ConvolutionBackwardData(**params, image=x_shape[2:]),
+                     rng.standard_normal(w_shape), rng.standard_normal(y_shape))
+        fits = all(d * (k - 1) >= p for d, k, p in zip(dilation, kernel_size, padding))
+        assert (kernel.as_forward is not None) == (fits and outputs <= channels), params
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_compiled_residual_block_equals_the_reference(dtype, rng, monkeypatch):
+    """A residual block of two 3×3 convolutions wide enough for the direct kernels, with every
+    gradient (the data gradient through the transposed convolution): compiled for the CPU,
+    equal to the reference interpreter, and served by the direct kernels (their calls counted)."""
+    served = []
+    for method in ("forward", "backward_filter"):
+        original = getattr(library_direct_conv.DirectConvolution, method)
+
+        def counted(self, *args, _original=original, _method=method):
+            served.append(_method)
+            return _original(self, *args)
+
+        monkeypatch.setattr(library_direct_conv.DirectConvolution, method, counted)
+    with gc.Graph("direct_block"):
+        x = gc.param("x", (2, MIN, 6, 7), dtype)
+        w1, w2 = gc.param("w1", (MIN, MIN, 3, 3), dtype), gc.param("w2", (MIN, MIN, 3, 3), dtype)
+        h = gc.relu(gc.conv2d(x, w1, padding=1))
+        y = gc.conv2d(h, w2, padding=1) + x
+        loss = (y * y).mean()
+        params = [x, w1, w2]
+        outputs = [loss, *gc.grad(loss, params)]
+    feeds = {p.name: rng.standard_normal(p.shape).astype(dtype) for p in params}
+    got = gc.compile(outputs, target="cpu")(**feeds)
+    for g, want, name in zip(got, gc.evaluate(outputs, feeds), ["loss", *feeds]):
+        assert_close(g, want, rtol=RTOL[np.dtype(dtype)], label=name)
+    # two forwards, two filter gradients, two data gradients as transposed forwards
+    assert sorted(served) == ["backward_filter"] * 2 + ["forward"] * 4
