@@ -28,7 +28,7 @@ the workloads from 148-149 to 130-136 ms (gpt), 4.3-4.8 to 3.7-3.9
 (attention), 1.16-1.18 to 0.95-0.96 (pixel_shuffle) and 2.31-2.32 to
 1.86-2.09 (spatial_transformer), the others within their noise (medians of
 alternated processes, 2026-12-03). 100,000 turns were no better, and slower
-for cnn, whose convolutions run BLAS on threads of their own (`in_spans`).
+for cnn, whose convolutions run on threads of their own (`in_spans`).
 OpenBLAS's threads spin too, for 2^28 cycles after each threaded product by
 default: a parallel loop right after a GEMM then shares a core with a
 spinning thread (a 130 µs loop took 530 µs, 360 µs without the spin).

@@ -1,24 +1,28 @@
-"""Direct convolutions on the CPU: the forward and the filter gradient of a stride-1 convolution
-with enough channels (docs/op-reference.md §13), as sums of products on the `gemm` micro-tile.
+"""Direct convolutions on the CPU: the forward and the filter gradient of a convolution with one
+group, no dilation and enough channels (docs/op-reference.md §13), as sums of products on the
+`gemm` micro-tile.
 
 Why. im2col copies every pixel once per tap (9× the image for 3×3) before a GEMM, and
 Winograd's F(2×2, 3×3), which this replaced, spent half its time transforming tiles and ran
-its sixteen products with an inner dimension of only C. Read in place, a stride-1 image
-already holds every tap's column matrix: shifted by the tap's offset, the padded image *is*
-the im2col of that tap. Measured on two threads of an AVX-512 Xeon guest, a batch of 64,
-float32, 3×3 with padding 1 (the forward; Winograd, then direct):
+its sixteen products with an inner dimension of only C. Read in place, a padded image
+already holds every tap's column matrix: shifted by the tap's offset, it *is* the im2col of
+that tap. Measured on two threads of an AVX-512 Xeon guest, a batch of 64, float32, 3×3 with
+padding 1 (the forward; Winograd, then direct):
 
     16 → 16 channels, 32 × 32 pixels    3.44 ms → 1.72 ms
     32 → 32 channels, 32 × 32           8.1-8.2 ms → 5.8-6.1 ms
     64 → 64 channels, 16 × 16           7.6-7.9 ms → 5.4-5.6 ms
     128 → 128 channels, 8 × 8           10.3 ms → 9.0 ms
 
-How. Each image is copied into a zero-padded buffer, channel planes `plane` elements apart,
-rows `pitch` = W + 2·pad_w apart. An output pixel (oh, ow) is numbered p = oh·pitch + ow, so
-tap (kh, kw) of output pixel p reads the plane at p + kh·pitch + kw: for a fixed tap the
-pixels of one output row and the next are one contiguous run. Numbering the outputs this
-way computes `pitch` − OW spare outputs per row (they read the next row's first pixels);
-they are computed and not stored.
+How. Each image is copied into a zero-padded buffer split into its stride_h × stride_w
+phases (pixel (r, s) of the padded image goes to phase (r mod stride_h, s mod stride_w) at
+(r div stride_h, s div stride_w); one phase at stride 1), channel planes `plane` elements
+apart, rows `pitch` = ⌈(W + 2·pad_w) / stride_w⌉ apart. An output pixel (oh, ow) is numbered
+p = oh·pitch + ow, so tap (kh, kw) of output pixel p reads its phase's plane at
+p + (kh div stride_h)·pitch + kw div stride_w: for a fixed tap the pixels of one output row
+and the next are one contiguous run. Numbering the outputs this way computes `pitch` − OW
+spare outputs per row (they read the next row's first pixels); they are computed and not
+stored.
 
 * Forward: out[o, p] = Σ_taps Σ_c w[o, c, tap] · image[c, p + offset(tap)], a sum of products
   over the taps (`gemm.micro_tile_sum`): a tile of MR output channels by NR pixels keeps its
@@ -78,30 +82,29 @@ def _pad_image(x, n, image, pad_h, pad_w, stride_h, stride_w, pitch, plane):
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     channels_up = image.size // (stride_h * stride_w * plane)
     bad = False
-    for a in range(stride_h):
-        for b in range(stride_w):
-            first = (pad_w - b + stride_w - 1) // stride_w          # the phase's first and last
-            stop = min(pitch, (pad_w + width - b + stride_w - 1) // stride_w)  # columns in the image
-            for c in range(channels):
-                start = ((a * stride_w + b) * channels_up + c) * plane
-                target = image[start:start + plane]
-                target[:] = 0
-                for i in range(plane // pitch):
-                    ih = i * stride_h + a - pad_h
-                    if ih < 0 or ih >= height or stop <= first:
-                        continue
-                    inner = target[i * pitch + first:i * pitch + stop]
-                    source = x[n, c, ih, first * stride_w + b - pad_w:]
-                    if stride_w == 1:  # contiguous: vectorised
-                        for j in range(stop - first):
-                            value = source[j]
-                            inner[j] = value
-                            bad |= value - value != 0
-                    else:
-                        for j in range(stop - first):
-                            value = source[j * stride_w]
-                            inner[j] = value
-                            bad |= value - value != 0
+    for phase in range(stride_h * stride_w):
+        a, b = phase // stride_w, phase % stride_w
+        first = (pad_w - b + stride_w - 1) // stride_w                     # the phase's first and last
+        stop = min(pitch, (pad_w + width - b + stride_w - 1) // stride_w)  # columns in the image
+        for c in range(channels):
+            target = image[(phase * channels_up + c) * plane:(phase * channels_up + c + 1) * plane]
+            target[:] = 0
+            for i in range(plane // pitch):
+                ih = i * stride_h + a - pad_h
+                if ih < 0 or ih >= height or stop <= first:
+                    continue
+                inner = target[i * pitch + first:i * pitch + stop]
+                source = x[n, c, ih, first * stride_w + b - pad_w:]
+                if stride_w == 1:  # contiguous: vectorised
+                    for j in range(stop - first):
+                        value = source[j]
+                        inner[j] = value
+                        bad |= value - value != 0
+                else:
+                    for j in range(stop - first):
+                        value = source[j * stride_w]
+                        inner[j] = value
+                        bad |= value - value != 0
     return not bad
 
 
@@ -117,8 +120,8 @@ def _forward_images(x, w, y, first, stop, image, sums, a_terms, b_terms, pad_h, 
         _pad_image(x, n, image, pad_h, pad_w, stride_h, stride_w, pitch, plane)
         for o0 in range(0, rows, gemm.MR):
             for p0 in range(0, columns, width):
-                gemm.micro_tile_sum(w, o0 * w.shape[1], w.shape[1], a_terms.size, a_terms, image, p0, plane, b_terms,
-                               sums, o0 * columns + p0, columns, channels, False)
+                gemm.micro_tile_sum(w, o0 * w.shape[1], w.shape[1], a_terms.size, a_terms, image, p0, plane,
+                                    b_terms, sums, o0 * columns + p0, columns, channels, False)
         for o in range(outputs):
             for oh in range(out_h):
                 target, source = y[n, o, oh], sums[o * columns + oh * pitch:]
@@ -138,7 +141,7 @@ def _filter_gradient_images(x, dy, first, stop, image, spread, rows, sums, offse
     pixels = out_h * pitch
     lanes = gemm.vector_lanes(sums)
     length = spread.shape[1]
-    zero = np.zeros(1, np.int64)
+    one_term = np.zeros(1, np.int64)  # a single product, at the offsets given
     for n in range(first, stop):
         if not _pad_image(x, n, image, pad_h, pad_w, stride_h, stride_w, pitch, plane):
             return False
@@ -155,8 +158,9 @@ def _filter_gradient_images(x, dy, first, stop, image, spread, rows, sums, offse
         for tap in range(offsets.size):
             for c0 in range(0, channels_up, gemm.MR):
                 for o0 in range(0, outputs_up, gemm.VECTORS * lanes):
-                    gemm.micro_tile_sum(image, c0 * plane, plane, 1, offsets[tap:tap + 1], rows, o0, outputs_up, zero,
-                                   sums, (tap * channels_up + c0) * outputs_up + o0, outputs_up, pixels, True)
+                    gemm.micro_tile_sum(image, c0 * plane + offsets[tap], plane, 1, one_term, rows, o0, outputs_up,
+                                        one_term, sums, (tap * channels_up + c0) * outputs_up + o0, outputs_up,
+                                        pixels, True)
     return True
 
 
@@ -177,12 +181,20 @@ class DirectConvolution:
         self.columns = _round_up(self.pixels, self.width)
         self.phases = stride_h * stride_w
         taps = [(kh, kw) for kh in range(kernel_h) for kw in range(kernel_w)]
-        self.shifts = [(kh // stride_h) * self.pitch + kw // stride_w for kh, kw in taps]
-        self.phase_of = [(kh % stride_h) * stride_w + kw % stride_w for kh, kw in taps]
-        self.plane = max(-(-(g.image[0] + 2 * pad_h) // stride_h) * self.pitch, self.columns + max(self.shifts) + 1)
+        shifts = [(kh // stride_h) * self.pitch + kw // stride_w for kh, kw in taps]
+        self.plane = max(-(-(g.image[0] + 2 * pad_h) // stride_h) * self.pitch, self.columns + max(shifts) + 1)
+        phases = [(kh % stride_h) * stride_w + kw % stride_w for kh, kw in taps]
+
+        def offsets(channels: int) -> np.ndarray:
+            """Each tap's offset into an image buffer of `channels` planes a phase."""
+            return np.array([phase * channels * self.plane + shift for phase, shift in zip(phases, shifts)], np.int64)
+
+        self.rows, self.channels_up = _round_up(g.o, gemm.MR), _round_up(g.c, gemm.MR)
+        self.forward_offsets, self.filter_offsets = offsets(g.c), offsets(self.channels_up)
         self.taps = np.arange(len(taps), dtype=np.int64)
         self.spans, self.threads = thread_spans(g.n, g.n * g.o * g.c * self.pixels * len(taps))
         self.layout = (pad_h, pad_w, stride_h, stride_w, self.pitch, self.plane)
+        self.filters = np.zeros((self.rows, g.c * len(taps)), dtype)  # rows past O stay zero
         self.forward_buffers: list | None = None
         self.filter_buffers: list | None = None
 
@@ -190,46 +202,38 @@ class DirectConvolution:
         """A buffer of the padded image's phases, `channels` planes each."""
         return np.zeros(self.phases * channels * self.plane, self.dtype)
 
-    def _offsets(self, channels: int) -> np.ndarray:
-        """Each tap's offset into an image buffer of `channels` planes a phase."""
-        return np.array([phase * channels * self.plane + shift for phase, shift in zip(self.phase_of, self.shifts)],
-                        np.int64)
-
     def forward(self, x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         """out = the convolution of x and w."""
         g = self.g
-        rows = _round_up(g.o, gemm.MR)
         if self.forward_buffers is None:
-            self.forward_buffers = [(self._images(g.c), np.empty(rows * self.columns, self.dtype))
+            self.forward_buffers = [(self._images(g.c), np.empty(self.rows * self.columns, self.dtype))
                                     for _ in range(self.threads)]
-        filters = np.zeros((rows, w[0].size), self.dtype)
-        filters[:g.o] = w.reshape(g.o, -1)
-        offsets = self._offsets(g.c)
+        self.filters[:g.o] = w.reshape(g.o, -1)
 
         def span(part, first, stop):
             image, sums = self.forward_buffers[part]
-            _forward_images(x, filters, out, first, stop, image, sums, self.taps, offsets, *self.layout)
+            _forward_images(x, self.filters, out, first, stop, image, sums, self.taps, self.forward_offsets,
+                            *self.layout)
 
         in_spans(span, self.spans, self.threads)
 
     def backward_filter(self, x: np.ndarray, dy: np.ndarray, out: np.ndarray) -> bool:
         """out = the filter gradient of the convolution of x, or False (x not finite)."""
         g = self.g
-        lanes = self.width // gemm.VECTORS
-        channels, outputs = _round_up(g.c, gemm.MR), _round_up(g.o, self.width)
-        length = _round_up(self.pixels, lanes)
+        outputs = _round_up(g.o, self.width)
+        length = _round_up(self.pixels, self.width // gemm.VECTORS)
         if self.filter_buffers is None:
-            self.filter_buffers = [(self._images(channels), np.zeros((outputs, length), self.dtype),
+            self.filter_buffers = [(self._images(self.channels_up), np.zeros((outputs, length), self.dtype),
                                     np.empty(length * outputs, self.dtype),
-                                    np.empty((len(self.taps), channels, outputs), self.dtype))
+                                    np.empty((len(self.taps), self.channels_up, outputs), self.dtype))
                                    for _ in range(self.threads)]
         for *_, sums in self.filter_buffers:
             sums[...] = 0
-        offsets = self._offsets(channels)
 
         def span(part, first, stop):
             image, spread, rows, sums = self.filter_buffers[part]
-            return _filter_gradient_images(x, dy, first, stop, image, spread, rows, sums, offsets, *self.layout)
+            return _filter_gradient_images(x, dy, first, stop, image, spread, rows, sums, self.filter_offsets,
+                                           *self.layout)
 
         if not all(in_spans(span, self.spans, self.threads)):
             return False
