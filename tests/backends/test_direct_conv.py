@@ -2,8 +2,9 @@
 stride-1 data gradient as a transposed convolution (library_conv), against the numpy
 reference interpreter: float64 to 1e-10, float32 to 1e-5 of the output's scale.
 
-Each test also pins the route the kernel took (the kernel's plans), so a change to when
-the direct kernels apply cannot turn these into tests of im2col.
+Each test also pins the route the kernel took (the kernel's plans, and for the forward
+whether its tiles stored in place), so a change to when the direct kernels apply cannot turn
+these into tests of im2col, or of one of the forward's two ways only.
 """
 
 from __future__ import annotations
@@ -35,7 +36,18 @@ CASES = {  # x shape, output channels, padding, filter size, stride
     "stride_two_three": ((3, MIN, 10, 11), MIN + 1, (1, 0), (3, 3), (2, 3)),
     "strided_one_by_one": ((2, MIN, 9, 8), MIN, (0, 0), (1, 1), (3, 1)),
     "strided_five_by_four": ((1, MIN + 1, 12, 13), MIN + 4, (2, 1), (5, 4), (2, 2)),
+    # outputs 32 and 16 wide: rows of whole tiles (float32: 32 wide; float64: 16), or a vector
+    # per row (float32: 16 wide, in tiles of two rows)
+    "rows_of_tiles": ((2, MIN, 5, 32), MIN, (1, 1), (3, 3), (1, 1)),
+    "rows_of_vectors": ((3, MIN, 4, 16), 2 * MIN, (1, 1), (3, 3), (1, 1)),
+    "strided_rows": ((2, MIN, 8, 32), MIN, (1, 1), (3, 3), (2, 2)),        # outputs 4 × 16
+    "odd_rows_of_vectors": ((2, MIN, 6, 16), MIN, (1, 1), (3, 3), (2, 1)),  # 3 rows: summed in float32
 }
+
+IN_PLACE = {np.dtype(np.float32): {"rows_of_tiles", "rows_of_vectors", "strided_rows"},
+            np.dtype(np.float64): {"rows_of_tiles", "rows_of_vectors", "strided_rows", "odd_rows_of_vectors",
+                                   "same_even"}}  # 8 wide: a vector (of float64) per row
+"""The cases whose forward stores its tiles into the output in place (the others: through sums)."""
 
 
 def ops(case):
@@ -67,7 +79,11 @@ def by_direct(kernel) -> bool:
 def test_direct_equals_the_reference(case, dtype, rng):
     forward, data, filt, *shapes = ops(case)
     x, w, dy = (rng.standard_normal(shape).astype(dtype) for shape in shapes)
-    assert by_direct(run(forward, x, w))
+    forward_kernel = run(forward, x, w)
+    assert by_direct(forward_kernel)
+    in_place = case in IN_PLACE[np.dtype(dtype)]
+    assert (forward_kernel.direct_plan.row_tiles is not None) == in_place, case
+    assert (forward_kernel.direct_plan.forward_sums is None) == in_place, case
     assert by_direct(run(filt, x, dy))
     data_kernel = run(data, w, dy)
     transposed = forward.stride == (1, 1) and w.shape[0] <= w.shape[1] and all(
@@ -75,6 +91,20 @@ def test_direct_equals_the_reference(case, dtype, rng):
     assert (data_kernel.as_forward is not None) == transposed, case  # a transposed convolution,
     if transposed:
         assert by_direct(data_kernel.as_forward)                   # itself direct
+
+
+@pytest.mark.parametrize("case", ["rows_of_tiles", "rows_of_vectors"])
+def test_forward_into_a_strided_output_goes_through_sums(case, rng):
+    """An output that is not contiguous (a view of a larger buffer) cannot take the tiles in
+    place: the forward computes the sums and copies them out, and writes nothing else."""
+    forward, _, _, x_shape, w_shape, y_shape = ops(case)
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    kernel = library_kernel(forward)
+    whole = np.full((y_shape[0], y_shape[1] + 1, *y_shape[2:]), 7.0)
+    kernel(x, w, out=whole[:, 1:])
+    assert_close(whole[:, 1:], forward.reference(x, w), rtol=1e-10, label=case)
+    assert (whole[:, 0] == 7.0).all()
+    assert kernel.direct_plan.row_tiles is not None and kernel.direct_plan.forward_sums is not None
 
 
 def test_empty_batch(rng):
@@ -85,12 +115,12 @@ def test_empty_batch(rng):
         assert run(op, *inputs).direct_plan is not None or op is data
 
 
-@pytest.mark.parametrize("case", ["same_odd", "uneven_padding", "stride_two_three"])
+@pytest.mark.parametrize("case", ["same_odd", "uneven_padding", "stride_two_three", "strided_rows"])
 def test_direct_over_threads_reusing_buffers(case, rng, parallel_loops):
     """A batch of 5 in spans over two threads, called twice: the second call reuses buffers the
-    first left filled with NaN (what the tiles read must be this call's pixels or zeros: the
-    spare pixels of each row read pixels of the padding and of the next row, and the filter
-    gradient multiplies them by a zero gradient, where 0 · NaN would be NaN)."""
+    first left filled with NaN (what the tiles read must be this call's pixels, or zeros that
+    this call wrote: the padding around each image; a stale NaN in it would reach every
+    output whose window covers it)."""
     forward, data, filt, x_shape, w_shape, y_shape = ops(case)
     x_shape, y_shape = (5, *x_shape[1:]), (5, *y_shape[1:])
     x, w, dy = (rng.standard_normal(s) for s in (x_shape, w_shape, y_shape))
@@ -103,20 +133,19 @@ def test_direct_over_threads_reusing_buffers(case, rng, parallel_loops):
             assert_close(out, op.reference(*inputs), rtol=1e-10, label=op.describe())
             plan = kernel.direct_plan
             assert plan.threads == 2 and by_direct(kernel)
-            for buffers in plan.forward_buffers or plan.filter_buffers:
-                for buffer in buffers:
-                    buffer.fill(np.nan)
+            for buffer in [*(plan.forward_images or ()), *(plan.forward_sums or ()),
+                           *(part for parts in plan.filter_buffers or () for part in parts)]:
+                buffer.fill(np.nan)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference's inf - inf, 0 * inf
 @pytest.mark.parametrize("operand", ["x", "w", "dy"])
-def test_non_finite_inputs_give_the_reference_values(operand, rng):
-    """A NaN or ±inf in an input gives the reference's NaN and ±inf, position for position. The
-    forward, and the filter gradient of a non-finite dy, stay direct (a spare pixel's output is
-    not stored, and its gradient is a zero the kernel writes); the filter gradient of a
-    non-finite image falls back to im2col, as a spare pixel multiplies pixels of the image by
-    that zero gradient (0 · inf)."""
-    forward, data, filt, x_shape, w_shape, y_shape = ops("same_even")
+@pytest.mark.parametrize("case", ["same_even", "rows_of_tiles"])
+def test_non_finite_inputs_give_the_reference_values(case, operand, rng):
+    """A NaN or ±inf in an input gives the reference's NaN and ±inf, position for position, and
+    the kernels stay direct: the forward's spare pixels (summed, at the image's pitch) are
+    never stored, and the filter gradient sums over the output's own pixels only."""
+    forward, data, filt, x_shape, w_shape, y_shape = ops(case)
     values = {"x": rng.standard_normal(x_shape), "w": rng.standard_normal(w_shape),
               "dy": rng.standard_normal(y_shape)}
     flat = values[operand].reshape(-1)
@@ -125,24 +154,22 @@ def test_non_finite_inputs_give_the_reference_values(operand, rng):
     if operand != "dy":
         assert by_direct(run(forward, x, w))
     if operand != "w":
-        kernel = run(filt, x, dy)
-        assert kernel.direct_plan is not None and (kernel.columns is not None) == (operand == "x")
+        assert by_direct(run(filt, x, dy))
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("case", ["same_odd", "stride_two_three"])
+@pytest.mark.parametrize("case", ["same_odd", "stride_two_three", "rows_of_vectors"])
 @pytest.mark.parametrize("value", [np.inf, np.nan])
 @pytest.mark.parametrize("where", ["first", "last"])
-def test_a_non_finite_pixel_anywhere_in_a_row_is_seen(case, where, value, rng):
+def test_a_non_finite_pixel_at_either_end_of_a_row(case, where, value, rng):
     """The image is copied a row at a time, contiguously at stride 1 and a phase's columns at a
-    time otherwise: a non-finite pixel at either end of a row makes the filter gradient fall
-    back, and the forward gives the reference's NaN and inf."""
+    time otherwise, between zeros written around it: a non-finite pixel at either end of a
+    row reaches the outputs and filter taps the reference gives NaN or inf, and no other."""
     forward, data, filt, x_shape, w_shape, y_shape = ops(case)
     x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
     x[0, x_shape[1] - 1, x_shape[2] - 1, 0 if where == "first" else x_shape[3] - 1] = value
     assert by_direct(run(forward, x, w))
-    kernel = run(filt, x, rng.standard_normal(y_shape))
-    assert kernel.direct_plan is not None and kernel.columns is not None
+    assert by_direct(run(filt, x, rng.standard_normal(y_shape)))
 
 
 def test_few_channels_and_other_geometries_take_im2col(rng):

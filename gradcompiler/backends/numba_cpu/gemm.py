@@ -133,12 +133,13 @@ def _tile_codegen(lanes, copies, adjacent=True, summed=False):
     def codegen(context, builder, signature, args):
         i64, i32 = ir.IntType(64), ir.IntType(32)
         if summed:
-            (a_, a_off, a_rs, a_ks, a_terms, p_, p_off, b_ks, b_terms, c_, c_off, c_rs, depth_,
+            (a_, a_off, a_rs, a_ks, a_terms, p_, p_off, b_ks, b_vs, b_terms, c_, c_off, c_rs, c_vs, depth_,
              accumulate_) = args
-            c_position = 9
+            c_position = 10
         else:
             (a_, a_off, a_rs, a_ks, p_, p_off, c_, c_off, c_rs, depth_, accumulate_) = args[:11]
             b_ks, c_position = ir.Constant(i64, VECTORS * lanes), 6
+            b_vs = c_vs = ir.Constant(i64, lanes)
         scalar = context.get_data_type(signature.args[0].dtype)
         vector = ir.VectorType(scalar, lanes)
         fma = cgutils.get_or_insert_function(
@@ -173,13 +174,13 @@ def _tile_codegen(lanes, copies, adjacent=True, summed=False):
                 return builder.load(base(position, array, index))
 
             a_start = builder.gep(a_start, [offset(4, a_terms, term)])
-            panel_start = builder.gep(panel_start, [offset(8, b_terms, term)])
+            panel_start = builder.gep(panel_start, [offset(9, b_terms, term)])
             start_values = sums
         loop, k, tile = loop_head("tile_k", start_values)
         done = builder.function.append_basic_block("tile_done")
         b_row = builder.gep(panel_start, [builder.mul(k, b_ks)])
-        b = [builder.load(builder.bitcast(builder.gep(b_row, [const(v * lanes)]), vector.as_pointer()), align=4)
-             for v in range(VECTORS)]
+        b = [builder.load(builder.bitcast(builder.gep(b_row, [builder.mul(const(v), b_vs)]), vector.as_pointer()),
+                          align=4) for v in range(VECTORS)]
         a_k = builder.mul(k, a_ks)
         column_type = ir.VectorType(scalar, MR)
         if copies and adjacent:  # the step's MR values of A (and the next micro-panel's): one vector
@@ -234,7 +235,7 @@ def _tile_codegen(lanes, copies, adjacent=True, summed=False):
         for r in range(MR):
             c_row = builder.gep(c_start, [builder.mul(const(r), c_rs)])
             for v in range(VECTORS):
-                where = builder.bitcast(builder.gep(c_row, [const(v * lanes)]), vector.as_pointer())
+                where = builder.bitcast(builder.gep(c_row, [builder.mul(const(v), c_vs)]), vector.as_pointer())
                 total = builder.fadd(builder.load(where, align=4), updated[r][v])
                 builder.store(builder.select(accumulate_, total, updated[r][v]), where, align=4)
         return context.get_dummy_value()
@@ -256,17 +257,20 @@ def _micro_tile(typingctx, a, a_offset, a_row_step, a_k_step, panel, panel_offse
 
 
 @intrinsic
-def micro_tile_sum(typingctx, a, a_offset, a_row_step, a_k_step, a_terms, b, b_offset, b_k_step, b_terms, c,
-                   c_offset, c_row_step, depth, accumulate):
+def micro_tile_sum(typingctx, a, a_offset, a_row_step, a_k_step, a_terms, b, b_offset, b_k_step, b_vector_step,
+                   b_terms, c, c_offset, c_row_step, c_vector_step, depth, accumulate):
     """C[r, j] (+)= Σₜ Σₖ A[r, a_terms[t] + k·a_k_step]·B[b_terms[t] + k·b_k_step, j] over an MR × NR
     tile: a sum of len(a_terms) ≥ 1 products of `depth` ≥ 1 steps each, kept in registers.
 
-    A[r, i] is a[a_offset + r·a_row_step + i] and B[i, j] is b[b_offset + i + j] (element offsets
-    from each array's data pointer; each of B's rows NR contiguous values); C as in `_micro_tile`.
+    A[r, i] is a[a_offset + r·a_row_step + i]; B[i, j] is b[b_offset + i + v·b_vector_step + l] and
+    C[r, j] is c[c_offset + r·c_row_step + v·c_vector_step + l] for column j = v·lanes + l, lane l
+    of the tile's vector v (element offsets from each array's data pointer): with vector steps of
+    one vector's lanes, each row of B and of C is NR contiguous values, as in `_micro_tile`.
     The terms of a direct convolution are its taps (`library_direct_conv`): each shifts the
-    image (B) and picks the tap's column of the filter (A)."""
-    sig = types.none(a, a_offset, a_row_step, a_k_step, a_terms, b, b_offset, b_k_step, b_terms, c, c_offset,
-                     c_row_step, depth, accumulate)
+    image (B) and picks the tap's column of the filter (A); its vector steps can put the tile's
+    vectors on output rows of their own."""
+    sig = types.none(a, a_offset, a_row_step, a_k_step, a_terms, b, b_offset, b_k_step, b_vector_step, b_terms, c,
+                     c_offset, c_row_step, c_vector_step, depth, accumulate)
     return sig, _tile_codegen(_LANES[a.dtype], copies=0, summed=True)
 
 

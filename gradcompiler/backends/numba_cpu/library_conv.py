@@ -2,8 +2,7 @@
 
 The forward and the filter gradient of a convolution with one group, no dilation and enough
 channels take the direct kernels (library_direct_conv: the `gemm` micro-tile over shifted
-views of the padded image), the filter gradient falling back to im2col when the images are
-not finite; at stride 1 the data gradient of a finite filter is itself a convolution
+views of the padded image); at stride 1 the data gradient of a finite filter is itself a convolution
 (`_transposed_convolution`) and takes the forward's route, the direct kernel included. The
 rest of this module is that fallback and every other geometry.
 
@@ -341,7 +340,8 @@ class _BackwardFilter(_ConvKernel):
         x, dy = np.ascontiguousarray(x), np.ascontiguousarray(dy)
         g = self.op.geometry(x.shape, out.shape)
         direct = self.direct_for(g, out.dtype)
-        if direct is not None and direct.backward_filter(x, dy, out):
+        if direct is not None:
+            direct.backward_filter(x, dy, out)
             return
         c = self.columns_for(g, out.dtype)
         grouped_dy = c.grouped_images(dy, c.g.o)
