@@ -5,6 +5,8 @@ is built, installed and run outside the repository by `make wheel-check` (in CI)
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -39,3 +41,17 @@ def test_passes_is_a_subpackage_of_gradcompiler():
 
 def test_version_comes_from_the_package_metadata():
     assert gc.__version__ == metadata.version("gradcompiler") == PYPROJECT["project"]["version"]
+
+
+def test_the_cpu_library_modules_import_in_any_order():
+    """The CPU backend's library modules import one another (`library` registers the kernels of
+    every library_* module; `gemm` and `library_direct_conv` use each other): each must import
+    first, in a fresh interpreter, whatever the cycle (a name taken `from` a module still
+    initialising fails there)."""
+    folder = ROOT / "gradcompiler" / "backends" / "numba_cpu"
+    names = sorted(path.stem for path in folder.glob("*.py") if path.stem.startswith(("library", "gemm")))
+    assert {"library", "library_conv", "library_direct_conv", "gemm"} <= set(names)
+    runs = {name: subprocess.Popen([sys.executable, "-c", f"import gradcompiler.backends.numba_cpu.{name}"],
+                                   stderr=subprocess.PIPE, text=True) for name in names}
+    failed = {name: run.communicate()[1].strip().splitlines()[-1:] for name, run in runs.items()}
+    assert {name: error for name, error in failed.items() if runs[name].returncode} == {}

@@ -52,8 +52,8 @@ from numba import njit, prange
 
 from ...ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, Geometry
 from ...ops.pool import POOL_MODES, Pooling, PoolingBackward
+from . import library_direct_conv as direct_conv  # names read when used: it imports gemm, which imports library
 from .library import LibraryKernel, ParallelLoop, in_spans, library_kernel, thread_spans
-from .library_direct_conv import DirectConvolution, filter_applies, forward_applies
 
 COLUMN_BYTES = 8 << 20
 _MAX, _AVERAGE, _EXCLUDE_PADDING = (POOL_MODES.index(m) for m in
@@ -237,16 +237,16 @@ class _ConvKernel:
     def __init__(self, op, direct: Callable[[Geometry], bool] | None = None):
         self.op, self.direct = op, direct
         self.columns: _Columns | None = None
-        self.direct_plan: DirectConvolution | None = None
+        self.direct_plan: direct_conv.DirectConvolution | None = None
 
     def columns_for(self, g: Geometry, dtype: np.dtype) -> _Columns:
         self.columns = _plan(self.columns, _Columns, g, dtype)
         return self.columns
 
-    def direct_for(self, g: Geometry, dtype: np.dtype) -> DirectConvolution | None:
+    def direct_for(self, g: Geometry, dtype: np.dtype) -> direct_conv.DirectConvolution | None:
         if self.direct is None or not self.direct(g):
             return None
-        self.direct_plan = _plan(self.direct_plan, DirectConvolution, g, dtype)
+        self.direct_plan = _plan(self.direct_plan, direct_conv.DirectConvolution, g, dtype)
         return self.direct_plan
 
 
@@ -292,7 +292,7 @@ class _BackwardData(_ConvKernel):
         transposed = _transposed_convolution(g)
         if transposed is not None and np.isfinite(w).all():
             if self.as_forward is None or self.as_forward.op != transposed:
-                self.as_forward = _Forward(transposed, direct=forward_applies)
+                self.as_forward = _Forward(transposed, direct=direct_conv.forward_applies)
             self.as_forward(dy, _flipped_transposed(w, g), out=out)
             return
         c = self.columns_for(g, out.dtype)
@@ -362,7 +362,7 @@ class _BackwardFilter(_ConvKernel):
 
 @library_kernel.register
 def _convolution(op: Convolution) -> LibraryKernel:
-    return _Forward(op, direct=forward_applies)
+    return _Forward(op, direct=direct_conv.forward_applies)
 
 
 @library_kernel.register
@@ -372,7 +372,7 @@ def _convolution_backward_data(op: ConvolutionBackwardData) -> LibraryKernel:
 
 @library_kernel.register
 def _convolution_backward_filter(op: ConvolutionBackwardFilter) -> LibraryKernel:
-    return _BackwardFilter(op, direct=filter_applies)
+    return _BackwardFilter(op, direct=direct_conv.filter_applies)
 
 
 # -- pooling loops ------------------------------------------------------------------------------
