@@ -176,9 +176,9 @@ class DirectConvolution:
     def __init__(self, g: Geometry, dtype: np.dtype):
         self.g, self.dtype = g, dtype
         (pad_h, pad_w), (kernel_h, kernel_w), (stride_h, stride_w) = g.padding, g.kernel, g.stride
-        (out_h, out_w), lanes = g.out, gemm.panel_width(dtype) // gemm.VECTORS
+        (out_h, out_w), width = g.out, gemm.panel_width(dtype)
+        self.lanes = lanes = width // gemm.VECTORS
         self.pitch = -(-(g.image[1] + 2 * pad_w) // stride_w)
-        width = gemm.VECTORS * lanes
         self.columns = _round_up(out_h * self.pitch, width)
         self.phases = stride_h * stride_w
         taps = [(kh, kw) for kh in range(kernel_h) for kw in range(kernel_w)]
@@ -194,7 +194,7 @@ class DirectConvolution:
         self.forward_offsets, self.filter_offsets = offsets(g.c), offsets(self.channels_up)
         self.taps = np.arange(len(taps), dtype=np.int64)
         self.summed_tiles = np.array([(p0, p0, lanes, lanes) for p0 in range(0, self.columns, width)], np.int64)
-        self.row_tiles = self._row_tiles(lanes)
+        self.row_tiles = self._row_tiles()
         self.row_starts = np.arange(out_h, dtype=np.int64) * self.pitch
         self.spans, self.threads = thread_spans(g.n, g.n * g.o * g.c * out_h * out_w * len(taps))
         self.layout = (pad_h, pad_w, stride_h, stride_w, self.pitch, self.plane)
@@ -205,13 +205,14 @@ class DirectConvolution:
         self.forward_sums: list | None = None
         self.filter_buffers: list | None = None
 
-    def _row_tiles(self, lanes: int) -> np.ndarray | None:
+    def _row_tiles(self) -> np.ndarray | None:
         """The forward's tiles where each vector of a tile is a run of one output row, so that it
         stores into the output in place: rows of whole tiles, or a vector per row (an output
         as wide as a vector); None where neither fits, or where O is not a multiple of MR (the
         tile would write past the image's channels). Each row of the tiles is (pixel in the
         image, output in the image's plane, then the step from one vector to the next in each)."""
-        (out_h, out_w), width = self.g.out, gemm.VECTORS * lanes
+        (out_h, out_w), lanes = self.g.out, self.lanes
+        width = gemm.VECTORS * lanes
         if self.g.o % gemm.MR:
             return None
         if out_w % width == 0:
@@ -249,7 +250,7 @@ class DirectConvolution:
         """out = the filter gradient of the convolution of x."""
         g, outputs = self.g, self.filter_outputs
         if self.filter_buffers is None:
-            length = _round_up(g.out[0] * g.out[1], gemm.panel_width(self.dtype) // gemm.VECTORS)
+            length = _round_up(g.out[0] * g.out[1], self.lanes)
             self.filter_buffers = [(self._images(self.channels_up), np.zeros((outputs, length), self.dtype),
                                     np.empty(length * outputs, self.dtype),
                                     np.empty((len(self.taps), self.channels_up, outputs), self.dtype))
