@@ -1,5 +1,6 @@
-"""Direct convolutions on the CPU (backends/numba_cpu/library_direct_conv.py) and the
-stride-1 data gradient as a transposed convolution (library_conv), against the numpy
+"""Direct convolutions on the CPU (backends/numba_cpu/library_direct_conv.py: the forward, the
+filter gradient and the strided data gradient by phases) and the stride-1 data gradient as a
+transposed convolution (library_conv), against the numpy
 reference interpreter: float64 to 1e-10, float32 to 1e-5 of the output's scale.
 
 Each test also pins the route the kernel took (the kernel's plans, and for the forward
@@ -91,6 +92,8 @@ def test_direct_equals_the_reference(case, dtype, rng):
     assert (data_kernel.as_forward is not None) == transposed, case  # a transposed convolution,
     if transposed:
         assert by_direct(data_kernel.as_forward)                   # itself direct
+    else:                                                          # or strided: by phases
+        assert by_direct(data_kernel) == (forward.stride != (1, 1)), case
 
 
 @pytest.mark.parametrize("case", ["rows_of_tiles", "rows_of_vectors"])
@@ -115,36 +118,47 @@ def test_empty_batch(rng):
         assert run(op, *inputs).direct_plan is not None or op is data
 
 
+def buffers(plan) -> list:
+    """Every buffer a direct plan holds for its threads."""
+    if isinstance(plan, library_direct_conv.PhasedDataGradient):
+        return [part for parts in plan.buffers for part in parts]
+    return [*(plan.forward_images or ()), *(plan.forward_sums or ()),
+            *(part for parts in plan.filter_buffers or () for part in parts)]
+
+
 @pytest.mark.parametrize("case", ["same_odd", "uneven_padding", "stride_two_three", "strided_rows"])
 def test_direct_over_threads_reusing_buffers(case, rng, parallel_loops):
     """A batch of 5 in spans over two threads, called twice: the second call reuses buffers the
     first left filled with NaN (what the tiles read must be this call's pixels, or zeros that
     this call wrote: the padding around each image; a stale NaN in it would reach every
-    output whose window covers it)."""
+    output whose window covers it). The data gradient is direct at stride > 1 (by phases)."""
     forward, data, filt, x_shape, w_shape, y_shape = ops(case)
     x_shape, y_shape = (5, *x_shape[1:]), (5, *y_shape[1:])
     x, w, dy = (rng.standard_normal(s) for s in (x_shape, w_shape, y_shape))
-    forward_kernel, filter_kernel = library_kernel(forward), library_kernel(filt)
+    kernels = [library_kernel(op) for op in (forward, filt, data)]
     for scale in (1.0, -3.0):
-        for op, kernel, inputs in ((forward, forward_kernel, (scale * x, w)),
-                                   (filt, filter_kernel, (scale * x, dy))):
+        calls = ((scale * x, w), (scale * x, dy), (w, scale * dy))
+        for op, kernel, inputs in zip((forward, filt, data), kernels, calls):
             out = np.empty(op.infer(*(TensorType(a.shape, a.dtype) for a in inputs)).shape)
             kernel(*inputs, out=out)
             assert_close(out, op.reference(*inputs), rtol=1e-10, label=op.describe())
+            if op is data and forward.stride == (1, 1):
+                continue
             plan = kernel.direct_plan
             assert plan.threads == 2 and by_direct(kernel)
-            for buffer in [*(plan.forward_images or ()), *(plan.forward_sums or ()),
-                           *(part for parts in plan.filter_buffers or () for part in parts)]:
+            for buffer in buffers(plan):
                 buffer.fill(np.nan)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference's inf - inf, 0 * inf
 @pytest.mark.parametrize("operand", ["x", "w", "dy"])
-@pytest.mark.parametrize("case", ["same_even", "rows_of_tiles"])
+@pytest.mark.parametrize("case", ["same_even", "rows_of_tiles", "strided_rows", "strided_five_by_four"])
 def test_non_finite_inputs_give_the_reference_values(case, operand, rng):
     """A NaN or ±inf in an input gives the reference's NaN and ±inf, position for position, and
     the kernels stay direct: the forward's spare pixels (summed, at the image's pitch) are
-    never stored, and the filter gradient sums over the output's own pixels only."""
+    never stored, and the filter gradient sums over the output's own pixels only. The data
+    gradient by phases multiplies dy's padding by the filter, so it is direct for a finite
+    filter only (a non-finite one goes to col2im)."""
     forward, data, filt, x_shape, w_shape, y_shape = ops(case)
     values = {"x": rng.standard_normal(x_shape), "w": rng.standard_normal(w_shape),
               "dy": rng.standard_normal(y_shape)}
@@ -155,6 +169,8 @@ def test_non_finite_inputs_give_the_reference_values(case, operand, rng):
         assert by_direct(run(forward, x, w))
     if operand != "w":
         assert by_direct(run(filt, x, dy))
+    if operand != "x" and forward.stride != (1, 1):
+        assert by_direct(run(data, w, dy)) == (operand == "dy")
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -170,6 +186,10 @@ def test_a_non_finite_pixel_at_either_end_of_a_row(case, where, value, rng):
     x[0, x_shape[1] - 1, x_shape[2] - 1, 0 if where == "first" else x_shape[3] - 1] = value
     assert by_direct(run(forward, x, w))
     assert by_direct(run(filt, x, rng.standard_normal(y_shape)))
+    dy = rng.standard_normal(y_shape)
+    dy[0, y_shape[1] - 1, y_shape[2] - 1, 0 if where == "first" else y_shape[3] - 1] = value
+    data_kernel = run(data, w, dy)
+    assert by_direct(data_kernel) == (forward.stride != (1, 1))
 
 
 def test_few_channels_and_other_geometries_take_im2col(rng):
@@ -235,3 +255,30 @@ def test_compiled_residual_block_equals_the_reference(dtype, rng, monkeypatch):
         assert_close(g, want, rtol=RTOL[np.dtype(dtype)], label=name)
     # two forwards, two filter gradients, two data gradients as transposed forwards
     assert sorted(served) == ["backward_filter"] * 2 + ["forward"] * 4
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_compiled_strided_layer_takes_the_data_gradient_by_phases(dtype, rng, monkeypatch):
+    """A stride-2 layer after a stride-1 one, compiled for the CPU with every gradient: equal to
+    the reference interpreter, its data gradient served by phases (the calls counted)."""
+    served = []
+    original = library_direct_conv.PhasedDataGradient.backward_data
+
+    def counted(self, *args):
+        served.append(self.g.stride)
+        return original(self, *args)
+
+    monkeypatch.setattr(library_direct_conv.PhasedDataGradient, "backward_data", counted)
+    with gc.Graph("strided_layer"):
+        x = gc.param("x", (2, MIN, 7, 8), dtype)
+        w1, w2 = gc.param("w1", (MIN, MIN, 3, 3), dtype), gc.param("w2", (2 * MIN, MIN, 3, 3), dtype)
+        h = gc.relu(gc.conv2d(x, w1, padding=1))
+        y = gc.conv2d(h, w2, stride=2, padding=1)
+        loss = (y * y).mean()
+        params = [x, w1, w2]
+        outputs = [loss, *gc.grad(loss, params)]
+    feeds = {p.name: rng.standard_normal(p.shape).astype(dtype) for p in params}
+    got = gc.compile(outputs, target="cpu")(**feeds)
+    for g, want, name in zip(got, gc.evaluate(outputs, feeds), ["loss", *feeds]):
+        assert_close(g, want, rtol=RTOL[np.dtype(dtype)], label=name)
+    assert served == [(2, 2)]

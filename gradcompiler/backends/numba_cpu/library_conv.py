@@ -3,8 +3,9 @@
 The forward and the filter gradient of a convolution with one group, no dilation and enough
 channels take the direct kernels (library_direct_conv: the `gemm` micro-tile over shifted
 views of the padded image); at stride 1 the data gradient of a finite filter is itself a convolution
-(`_transposed_convolution`) and takes the forward's route, the direct kernel included. The
-rest of this module is that fallback and every other geometry.
+(`_transposed_convolution`) and takes the forward's route, the direct kernel included, and at
+stride > 1 it takes the direct kernel by phases (`PhasedDataGradient`). The rest of this
+module is that fallback and every other geometry.
 
 Convolution is im2col + BLAS: a chunk of images is unfolded into a column
 buffer (rows: channel × kernel tap, columns: output pixels) that the kernel
@@ -234,19 +235,22 @@ class _ConvKernel:
     `DirectConvolution` (`direct_for`), which the kernel tries first. Each is built only when
     asked for: the im2col buffers are not allocated while the direct kernels serve."""
 
-    def __init__(self, op, direct: Callable[[Geometry], bool] | None = None):
+    def __init__(self, op, direct: Callable[[Geometry], bool] | None = None, kind: type | None = None):
         self.op, self.direct = op, direct
+        self.kind = kind or direct_conv.DirectConvolution
         self.columns: _Columns | None = None
-        self.direct_plan: direct_conv.DirectConvolution | None = None
+        self.direct_plan = None
 
     def columns_for(self, g: Geometry, dtype: np.dtype) -> _Columns:
         self.columns = _plan(self.columns, _Columns, g, dtype)
         return self.columns
 
-    def direct_for(self, g: Geometry, dtype: np.dtype) -> direct_conv.DirectConvolution | None:
+    def direct_for(self, g: Geometry, dtype: np.dtype):
+        """The direct plan (of `kind`) for this geometry, or None where the direct kernel does not
+        apply."""
         if self.direct is None or not self.direct(g):
             return None
-        self.direct_plan = _plan(self.direct_plan, direct_conv.DirectConvolution, g, dtype)
+        self.direct_plan = _plan(self.direct_plan, self.kind, g, dtype)
         return self.direct_plan
 
 
@@ -283,17 +287,22 @@ class _Forward(_ConvKernel):
 
 class _BackwardData(_ConvKernel):
     def __init__(self, op):
-        super().__init__(op)
+        super().__init__(op, direct=direct_conv.data_applies, kind=direct_conv.PhasedDataGradient)
         self.as_forward: _Forward | None = None
 
     def __call__(self, w, dy, *, out):
         w, dy = np.ascontiguousarray(w), np.ascontiguousarray(dy)
         g = self.op.geometry(out.shape, w.shape)
         transposed = _transposed_convolution(g)
-        if transposed is not None and np.isfinite(w).all():
+        finite = (transposed is not None or direct_conv.data_applies(g)) and np.isfinite(w).all()
+        if transposed is not None and finite:
             if self.as_forward is None or self.as_forward.op != transposed:
                 self.as_forward = _Forward(transposed, direct=direct_conv.forward_applies)
             self.as_forward(dy, _flipped_transposed(w, g), out=out)
+            return
+        direct = self.direct_for(g, out.dtype) if finite else None
+        if direct is not None:
+            direct.backward_data(w, dy, out)
             return
         c = self.columns_for(g, out.dtype)
         filters_t = np.swapaxes(c.grouped_filter(w), 1, 2)
