@@ -10,6 +10,8 @@ these into tests of im2col, or of one of the forward's two ways only.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -227,53 +229,44 @@ def test_stride_one_data_gradient_as_a_transposed_convolution(kernel_size, paddi
         assert (kernel.as_forward is not None) == (fits and outputs <= channels), params
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_compiled_residual_block_equals_the_reference(dtype, rng, monkeypatch):
-    """A residual block of two 3×3 convolutions wide enough for the direct kernels, with every
-    gradient (the data gradient through the transposed convolution): compiled for the CPU,
-    equal to the reference interpreter, and served by the direct kernels (their calls counted)."""
+def counted_calls(monkeypatch) -> list[str]:
+    """The direct plans' calls, by method, as a compiled step makes them."""
     served = []
-    for method in ("forward", "backward_filter"):
-        original = getattr(library_direct_conv.DirectConvolution, method)
+    for kind, method in ((library_direct_conv.DirectConvolution, "forward"),
+                         (library_direct_conv.DirectConvolution, "backward_filter"),
+                         (library_direct_conv.PhasedDataGradient, "backward_data")):
+        original = getattr(kind, method)
 
         def counted(self, *args, _original=original, _method=method):
             served.append(_method)
             return _original(self, *args)
 
-        monkeypatch.setattr(library_direct_conv.DirectConvolution, method, counted)
-    with gc.Graph("direct_block"):
-        x = gc.param("x", (2, MIN, 6, 7), dtype)
-        w1, w2 = gc.param("w1", (MIN, MIN, 3, 3), dtype), gc.param("w2", (MIN, MIN, 3, 3), dtype)
-        h = gc.relu(gc.conv2d(x, w1, padding=1))
-        y = gc.conv2d(h, w2, padding=1) + x
-        loss = (y * y).mean()
-        params = [x, w1, w2]
-        outputs = [loss, *gc.grad(loss, params)]
-    feeds = {p.name: rng.standard_normal(p.shape).astype(dtype) for p in params}
-    got = gc.compile(outputs, target="cpu")(**feeds)
-    for g, want, name in zip(got, gc.evaluate(outputs, feeds), ["loss", *feeds]):
-        assert_close(g, want, rtol=RTOL[np.dtype(dtype)], label=name)
+        monkeypatch.setattr(kind, method, counted)
+    return served
+
+
+LAYERS = {  # the second convolution's outputs and stride, whether x is added back, the direct calls
     # two forwards, two filter gradients, two data gradients as transposed forwards
-    assert sorted(served) == ["backward_filter"] * 2 + ["forward"] * 4
+    "residual_block": (MIN, 1, True, {"forward": 4, "backward_filter": 2}),
+    # the stride-1 layer's data gradient as a transposed forward, the stride-2 one's by phases
+    "strided_layer": (2 * MIN, 2, False, {"forward": 3, "backward_filter": 2, "backward_data": 1}),
+}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_compiled_strided_layer_takes_the_data_gradient_by_phases(dtype, rng, monkeypatch):
-    """A stride-2 layer after a stride-1 one, compiled for the CPU with every gradient: equal to
-    the reference interpreter, its data gradient served by phases (the calls counted)."""
-    served = []
-    original = library_direct_conv.PhasedDataGradient.backward_data
-
-    def counted(self, *args):
-        served.append(self.g.stride)
-        return original(self, *args)
-
-    monkeypatch.setattr(library_direct_conv.PhasedDataGradient, "backward_data", counted)
-    with gc.Graph("strided_layer"):
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_compiled_layers_equal_the_reference(layer, dtype, rng, monkeypatch):
+    """Two 3×3 convolutions wide enough for the direct kernels (a residual block, or a stride-2
+    layer after a stride-1 one), with every gradient: compiled for the CPU, equal to the
+    reference interpreter, and served by the direct kernels (their calls counted)."""
+    outputs_2, stride, residual, calls = LAYERS[layer]
+    served = counted_calls(monkeypatch)
+    with gc.Graph(layer):
         x = gc.param("x", (2, MIN, 7, 8), dtype)
-        w1, w2 = gc.param("w1", (MIN, MIN, 3, 3), dtype), gc.param("w2", (2 * MIN, MIN, 3, 3), dtype)
+        w1, w2 = gc.param("w1", (MIN, MIN, 3, 3), dtype), gc.param("w2", (outputs_2, MIN, 3, 3), dtype)
         h = gc.relu(gc.conv2d(x, w1, padding=1))
-        y = gc.conv2d(h, w2, stride=2, padding=1)
+        y = gc.conv2d(h, w2, stride=stride, padding=1)
+        y = y + x if residual else y
         loss = (y * y).mean()
         params = [x, w1, w2]
         outputs = [loss, *gc.grad(loss, params)]
@@ -281,4 +274,4 @@ def test_compiled_strided_layer_takes_the_data_gradient_by_phases(dtype, rng, mo
     got = gc.compile(outputs, target="cpu")(**feeds)
     for g, want, name in zip(got, gc.evaluate(outputs, feeds), ["loss", *feeds]):
         assert_close(g, want, rtol=RTOL[np.dtype(dtype)], label=name)
-    assert served == [(2, 2)]
+    assert Counter(served) == calls

@@ -229,6 +229,12 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def _spans(g: Geometry) -> tuple:
+    """The batch's spans of images and the threads that take them, for the products of any of
+    the three (each multiplies every channel pair at every tap and output pixel)."""
+    return thread_spans(g.n, g.n * g.o * g.c * g.out[0] * g.out[1] * g.kernel[0] * g.kernel[1])
+
+
 def _row_tiles(out_h: int, out_w: int, pitch: int, lanes: int, output_pitch: int) -> np.ndarray | None:
     """Tiles where each vector is a run of one output row, so that it stores in place: rows of
     whole tiles, or a vector per row (an output as wide as a vector) in tiles of VECTORS rows;
@@ -278,7 +284,7 @@ class DirectConvolution:
         self.summed_tiles = _summed_tiles(self.columns, lanes)
         self.row_tiles = self._row_tiles()
         self.row_starts = np.arange(out_h, dtype=np.int64) * self.pitch
-        self.spans, self.threads = thread_spans(g.n, g.n * g.o * g.c * out_h * out_w * len(taps))
+        self.spans, self.threads = _spans(g)
         self.layout = (pad_h, pad_w, stride_h, stride_w, self.pitch, self.plane)
         self.filters = np.zeros((self.rows, g.c * len(taps)), dtype)  # rows past O stay zero
         self.filter_outputs = _round_up(g.o, width)
@@ -386,7 +392,7 @@ class PhasedDataGradient:
         self.rows = _round_up(g.c, gemm.MR)
         self.filters = np.zeros((self.rows, g.o * g.kernel[0] * g.kernel[1]), dtype)  # rows past C stay zero
         self.phases_size = g.stride[0] * g.stride[1] * self.rows * columns
-        self.spans, self.threads = thread_spans(g.n, g.n * g.o * g.c * g.out[0] * g.out[1] * g.kernel[0] * g.kernel[1])
+        self.spans, self.threads = _spans(g)
         self.layout = (pad_h, pad_w, *g.stride, self.pitch, self.plane)
         self.buffers: list | None = None
 
