@@ -44,12 +44,17 @@ CASES = {  # x shape, output channels, padding, filter size, stride
     "rows_of_tiles": ((2, MIN, 5, 32), MIN, (1, 1), (3, 3), (1, 1)),
     "rows_of_vectors": ((3, MIN, 4, 16), 2 * MIN, (1, 1), (3, 3), (1, 1)),
     "strided_rows": ((2, MIN, 8, 32), MIN, (1, 1), (3, 3), (2, 2)),        # outputs 4 × 16
-    "odd_rows_of_vectors": ((2, MIN, 6, 16), MIN, (1, 1), (3, 3), (2, 1)),  # 3 rows: summed in float32
+    "odd_rows_of_vectors": ((2, MIN, 6, 16), MIN, (1, 1), (3, 3), (2, 1)),  # 3 rows: one wide tile
+    # 7 rows: a wide tile of 3 rows and two of 2; float64, 24 channels of dy are whole vectors
+    # (transposed where they lie) but not whole tiles (the last tile's columns past them unused)
+    "wide_rows": ((2, MIN, 7, 16), MIN + 8, (1, 1), (3, 3), (1, 1)),
+    "one_row_of_tiles": ((2, MIN, 1, 32), MIN, (1, 1), (3, 3), (1, 1)),  # tiles of two vectors along it
 }
 
-IN_PLACE = {np.dtype(np.float32): {"rows_of_tiles", "rows_of_vectors", "strided_rows"},
-            np.dtype(np.float64): {"rows_of_tiles", "rows_of_vectors", "strided_rows", "odd_rows_of_vectors",
-                                   "same_even"}}  # 8 wide: a vector (of float64) per row
+ROWS_IN_PLACE = {"rows_of_tiles", "rows_of_vectors", "strided_rows", "odd_rows_of_vectors", "wide_rows",
+                 "one_row_of_tiles"}
+IN_PLACE = {np.dtype(np.float32): ROWS_IN_PLACE,
+            np.dtype(np.float64): ROWS_IN_PLACE | {"same_even", "strided_one_by_one"}}  # 8 wide: a vector
 """The cases whose forward stores its tiles into the output in place (the others: through sums)."""
 
 
@@ -112,6 +117,25 @@ def test_forward_into_a_strided_output_goes_through_sums(case, rng):
     assert kernel.direct_plan.row_tiles is not None and kernel.direct_plan.forward_sums is not None
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case, route", [("rows_of_tiles", "in place"), ("same_odd", "spread")])
+def test_filter_gradient_transposes_dy_in_place_or_through_rows(case, route, dtype, rng, monkeypatch):
+    """dy whose channels and pixels are whole vectors (16 channels of 5 × 32 pixels) is transposed
+    where it lies; other shapes (19 channels of 7 × 5) go through rows padded with zeros."""
+    _, _, filt, x_shape, _, y_shape = ops(case)
+    routes = []
+    images = library_direct_conv._filter_gradient_images
+
+    def recording(x, dy, first, stop, image, spread, *rest):
+        routes.append("in place" if spread.shape[0] == 0 else "spread")
+        images(x, dy, first, stop, image, spread, *rest)
+
+    monkeypatch.setattr(library_direct_conv, "_filter_gradient_images", recording)
+    x, dy = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(y_shape).astype(dtype)
+    assert by_direct(run(filt, x, dy))
+    assert set(routes) == {route}
+
+
 def test_empty_batch(rng):
     """No images: empty outputs and a zero filter gradient (every span empty)."""
     forward, data, filt, x_shape, w_shape, y_shape = ops("same_even")
@@ -128,7 +152,7 @@ def buffers(plan) -> list:
             *(part for parts in plan.filter_buffers or () for part in parts)]
 
 
-@pytest.mark.parametrize("case", ["same_odd", "uneven_padding", "stride_two_three", "strided_rows"])
+@pytest.mark.parametrize("case", ["same_odd", "uneven_padding", "stride_two_three", "strided_rows", "wide_rows"])
 def test_direct_over_threads_reusing_buffers(case, rng, parallel_loops):
     """A batch of 5 in spans over two threads, called twice: the second call reuses buffers the
     first left filled with NaN (what the tiles read must be this call's pixels, or zeros that

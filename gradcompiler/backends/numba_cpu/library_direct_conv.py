@@ -25,19 +25,26 @@ fixed tap, a run of one output row is a contiguous run of the buffer.
   over the taps (`gemm.micro_tile_sum`): a tile of MR output channels by NR pixels keeps its
   sums in registers across every channel and tap, and reads the filter in place (MR values a
   step, one per output channel) and the image in place (a vector of pixels a step).
-  Where the output's rows are whole tiles (OW a multiple of NR) or a vector each (OW one
-  vector's lanes, in tiles of VECTORS rows), each vector of a tile is a run of one output row:
-  the tile stores straight into the output. Elsewhere the pixels are numbered oh·pitch + ow,
-  tiles of NR consecutive numbers straddle rows and compute `pitch` − OW spare outputs per
-  row (reading the padding and the next row's first pixels), and the sums are copied into
-  the output without them. 32 → 32 channels on 32 × 32 pixels, 64 images, float32: 5.46-5.64
+  Where OW is a multiple of a vector's lanes, a tile is a column of one vector's lanes down
+  WIDE_VECTORS output rows (`gemm.micro_tile_sum_wide`: 8 × 3 vectors with AVX-512), the rows
+  left in tiles of VECTORS rows: each vector of a tile is a run of one output row, and the
+  tile stores straight into the output (32 → 32 channels on 32 × 32 pixels, 64 images,
+  float32, two threads: 4.52-4.84 ms against 4.77-4.94 with a tile of two vectors along one
+  row, timed in turn in one process). Where the rows do not split so (one row) but OW is a
+  multiple of NR, tiles of two vectors along each row. Elsewhere the pixels are numbered
+  oh·pitch + ow, tiles of NR consecutive numbers straddle rows and compute `pitch` − OW
+  spare outputs per row (reading the padding and the next row's first pixels), and the sums
+  are copied into the output without them. 32 → 32 channels on 32 × 32 pixels, 64 images, float32: 5.46-5.64
   ms through the sums, 5.22-5.35 in place (one thread: 11.1 against 9.95 ms).
 * Filter gradient: for each tap, dwᵀ[tap][c, o] = Σ_(oh, ow) image[c, oh·pitch + ow +
   offset(tap)] · dy[o, oh, ow], a term of OW steps per output row: a tile of MR input
   channels by NR output channels (the image read in place, MR channels a step), added into
   the thread's sums across its images. dy is transposed per image into rows of NR output
-  channels (`gemm.transpose_square`). Only real outputs are summed, so any value, NaN and
-  infinities included, meets the products the reference has.
+  channels (`gemm.transpose_square`), in squares read where dy lies when its channels and
+  pixels are whole vectors (32 → 32 channels at 32 × 32, 64 images, float32, two threads:
+  4.98-5.08 ms against 5.08-5.27 through a copy padded with zeros, timed in turn), else
+  through that copy. Only real outputs are summed, so any value, NaN and infinities
+  included, meets the products the reference has.
 * Data gradient at stride > 1 (`PhasedDataGradient`): phase (a, b) of the image, its pixels
   (stride_h·i + a, stride_w·j + b), receives only the taps congruent to it, each reading dy
   shifted by a constant, so the phase is a stride-1 correlation of dy with a sub-filter: the
@@ -126,6 +133,20 @@ def _pad_image(x, n, image, pad_h, pad_w, stride_h, stride_w, pitch, plane):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _tile(tile, a, a_offset, a_row_step, a_k_step, a_terms, image, plane, b_terms, c, c_offset, c_row_step, depth):
+    """One tile of a plan's (`_row_tiles`, `_summed_tiles`): its first pixel in the image at
+    tile[0], its first output at c_offset + tile[1], the steps from one of its vectors to the
+    next at tile[2] and tile[3], its vectors (VECTORS or WIDE_VECTORS) at tile[4]; a channel of
+    the image a step of k."""
+    if tile[4] == gemm.WIDE_VECTORS:
+        gemm.micro_tile_sum_wide(a, a_offset, a_row_step, a_k_step, a_terms, image, tile[0], plane, tile[2], b_terms, c,
+                                 c_offset + tile[1], c_row_step, tile[3], depth, False)
+    else:
+        gemm.micro_tile_sum(a, a_offset, a_row_step, a_k_step, a_terms, image, tile[0], plane, tile[2], b_terms, c,
+                            c_offset + tile[1], c_row_step, tile[3], depth, False)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def _forward_images(x, w, y, first, stop, image, target, in_place, tiles, a_terms, b_terms, pad_h, pad_w, stride_h,
                     stride_w, pitch, plane):
     """y[first:stop] = the convolution of x's images with the filter rows w (O rounded up to MR,
@@ -141,9 +162,8 @@ def _forward_images(x, w, y, first, stop, image, target, in_place, tiles, a_term
         base = n * outputs * row_step if in_place else 0
         for o0 in range(0, rows, gemm.MR):
             for t in range(tiles.shape[0]):
-                gemm.micro_tile_sum(w, o0 * w.shape[1], w.shape[1], a_terms.size, a_terms, image, tiles[t, 0], plane,
-                                    tiles[t, 2], b_terms, target, base + o0 * row_step + tiles[t, 1], row_step,
-                                    tiles[t, 3], depth, False)
+                _tile(tiles[t], w, o0 * w.shape[1], w.shape[1], a_terms.size, a_terms, image, plane, b_terms, target,
+                      base + o0 * row_step, row_step, depth)
         if not in_place:
             for o in range(outputs):
                 for oh in range(out_h):
@@ -153,26 +173,41 @@ def _forward_images(x, w, y, first, stop, image, target, in_place, tiles, a_term
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _transpose(source, start, channels, length, rows, row_length):
+    """rows[p·row_length + o] = source[start + o·length + p] for o < channels and p < length,
+    both multiples of a vector's lanes, in squares transposed in registers."""
+    lanes = gemm.vector_lanes(rows)
+    for o0 in range(0, channels, lanes):
+        for p0 in range(0, length, lanes):
+            gemm.transpose_square(source, start + o0 * length + p0, length, rows, p0 * row_length + o0, row_length)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def _filter_gradient_images(x, dy, first, stop, image, spread, rows, sums, offsets, row_starts, row_runs, pad_h,
                             pad_w, stride_h, stride_w, pitch, plane):
     """sums[tap, c, o] += Σ over the images [first, stop) and their pixels (oh, ow) of
     image[c, oh·pitch + ow + offsets[tap]] · dy[n, o, oh, ow], a term per output row: row oh
     starts at row_starts[oh] = oh·pitch in the image and at row_runs[oh] in `rows` (dy
-    transposed, a row of output channels per pixel, through `spread`: dy flat, a row per
-    output channel)."""
+    transposed, a row of output channels per pixel). Where `spread` has no rows, dy is
+    C-contiguous in squares of whole vectors (its channels and pixels multiples of the lanes)
+    and is transposed where it lies; else through `spread` (dy flat, a row per output channel,
+    zero past its pixels and channels). The columns of `rows` past the channels feed only sums
+    that are discarded."""
     channels_up, outputs_up = sums.shape[1], sums.shape[2]
     outputs, out_w = dy.shape[1], dy.shape[3]
     lanes = gemm.vector_lanes(sums)
-    pixels, length = dy.shape[2] * out_w, spread.shape[1]
+    pixels = dy.shape[2] * out_w
+    in_place = spread.shape[0] == 0
     for n in range(first, stop):
         _pad_image(x, n, image, pad_h, pad_w, stride_h, stride_w, pitch, plane)
-        for o in range(outputs):
-            line, source = spread[o], dy[n, o].reshape(-1)
-            for p in range(pixels):
-                line[p] = source[p]
-        for o0 in range(0, outputs_up, lanes):
-            for p0 in range(0, length, lanes):
-                gemm.transpose_square(spread, o0 * length + p0, length, rows, p0 * outputs_up + o0, outputs_up)
+        if in_place:
+            _transpose(dy, n * outputs * pixels, outputs, pixels, rows, outputs_up)
+        else:
+            for o in range(outputs):
+                line, values = spread[o], dy[n, o].reshape(-1)
+                for p in range(pixels):
+                    line[p] = values[p]
+            _transpose(spread, 0, outputs_up, spread.shape[1], rows, outputs_up)
         for tap in range(offsets.size):
             for c0 in range(0, channels_up, gemm.MR):
                 for o0 in range(0, outputs_up, gemm.VECTORS * lanes):
@@ -203,10 +238,8 @@ def _data_gradient_images(dy, filters, dx, first, stop, image, phases, tiles, ta
             t0, t1 = tap_starts[phase], tap_starts[phase + 1]
             for c0 in range(0, rows if t1 > t0 else 0, gemm.MR):
                 for t in range(tiles.shape[0]):
-                    gemm.micro_tile_sum(filters, c0 * filters.shape[1], filters.shape[1], taps, a_terms[t0:t1], image,
-                                        tiles[t, 0], plane, tiles[t, 2], b_terms[t0:t1], phases,
-                                        (phase * rows + c0) * out_plane + tiles[t, 1], out_plane, tiles[t, 3], depth,
-                                        False)
+                    _tile(tiles[t], filters, c0 * filters.shape[1], filters.shape[1], taps, a_terms[t0:t1], image,
+                          plane, b_terms[t0:t1], phases, (phase * rows + c0) * out_plane, out_plane, depth)
         for c in range(channels):
             for h in range(height):
                 row = dx[n, c, h]
@@ -235,26 +268,41 @@ def _spans(g: Geometry) -> tuple:
     return thread_spans(g.n, g.n * g.o * g.c * g.out[0] * g.out[1] * g.kernel[0] * g.kernel[1])
 
 
-def _row_tiles(out_h: int, out_w: int, pitch: int, lanes: int, output_pitch: int) -> np.ndarray | None:
-    """Tiles where each vector is a run of one output row, so that it stores in place: rows of
-    whole tiles, or a vector per row (an output as wide as a vector) in tiles of VECTORS rows;
-    None where neither fits. Each row of the tiles is (its first pixel in the image, its first
-    output, then the step from one vector to the next in each), output row oh starting at
-    oh·output_pitch."""
-    width = gemm.VECTORS * lanes
-    if out_w % width == 0:
-        return np.array([(oh * pitch + ow, oh * output_pitch + ow, lanes, lanes)
-                         for oh in range(out_h) for ow in range(0, out_w, width)], np.int64)
-    if out_w == lanes and out_h % gemm.VECTORS == 0:
-        return np.array([(oh * pitch, oh * output_pitch, pitch, output_pitch)
-                         for oh in range(0, out_h, gemm.VECTORS)], np.int64)
+def _row_groups(rows: int) -> list[tuple[int, int]] | None:
+    """The output's rows in groups of WIDE_VECTORS, the rest in groups of VECTORS: (first row,
+    rows) each; None where they do not split so (one row; or with AVX2, an odd count)."""
+    for wide in range(rows // gemm.WIDE_VECTORS, -1, -1):
+        rest = rows - wide * gemm.WIDE_VECTORS
+        if rest % gemm.VECTORS == 0:
+            sizes = [gemm.WIDE_VECTORS] * wide + [gemm.VECTORS] * (rest // gemm.VECTORS)
+            return list(zip(np.cumsum([0] + sizes[:-1]).tolist(), sizes))
     return None
+
+
+def _row_tiles(out_h: int, out_w: int, pitch: int, lanes: int, output_pitch: int) -> np.ndarray | None:
+    """Tiles where each vector is a run of one output row, so that it stores in place: a column
+    of a vector's lanes down a group of rows (`_row_groups`), a vector per row, where the
+    output's width is a multiple of the lanes; else rows of whole tiles where it is a multiple
+    of NR; None where neither fits. Each row of the tiles is (its first pixel in the image, its
+    first output, the step from one vector to the next in each, its vectors), output row oh
+    starting at oh·output_pitch."""
+    groups = _row_groups(out_h)
+    if out_w % lanes == 0 and groups is not None:
+        tiles = [(oh * pitch + ow, oh * output_pitch + ow, pitch, output_pitch, vectors)
+                 for oh, vectors in groups for ow in range(0, out_w, lanes)]
+    elif out_w % (gemm.VECTORS * lanes) == 0:
+        tiles = [(oh * pitch + ow, oh * output_pitch + ow, lanes, lanes, gemm.VECTORS)
+                 for oh in range(out_h) for ow in range(0, out_w, gemm.VECTORS * lanes)]
+    else:
+        return None
+    return np.array(tiles, np.int64).reshape(-1, 5)
 
 
 def _summed_tiles(columns: int, lanes: int) -> np.ndarray:
     """Tiles of NR consecutive pixels numbered oh·pitch + ow over `columns`, straddling rows
     (each computes the spare pixels between one row and the next), outputs numbered alike."""
-    return np.array([(p0, p0, lanes, lanes) for p0 in range(0, columns, gemm.VECTORS * lanes)], np.int64)
+    return np.array([(p0, p0, lanes, lanes, gemm.VECTORS) for p0 in range(0, columns, gemm.VECTORS * lanes)],
+                    np.int64).reshape(-1, 5)
 
 
 class DirectConvolution:
@@ -325,11 +373,15 @@ class DirectConvolution:
         in_spans(span, self.spans, self.threads)
 
     def backward_filter(self, x: np.ndarray, dy: np.ndarray, out: np.ndarray) -> None:
-        """out = the filter gradient of the convolution of x."""
+        """out = the filter gradient of the convolution of x (x and dy C-contiguous). dy is
+        transposed where it lies when its channels and pixels are whole vectors; else each
+        thread spreads it into rows padded with zeros first."""
         g, outputs = self.g, self.filter_outputs
         if self.filter_buffers is None:
-            length = _round_up(g.out[0] * g.out[1], self.lanes)
-            self.filter_buffers = [(self._images(self.channels_up), np.zeros((outputs, length), self.dtype),
+            pixels = g.out[0] * g.out[1]
+            length = _round_up(pixels, self.lanes)
+            spread = 0 if pixels % self.lanes == 0 and g.o % self.lanes == 0 else outputs
+            self.filter_buffers = [(self._images(self.channels_up), np.zeros((spread, length), self.dtype),
                                     np.empty(length * outputs, self.dtype),
                                     np.empty((len(self.taps), self.channels_up, outputs), self.dtype))
                                    for _ in range(self.threads)]
