@@ -34,8 +34,9 @@ fixed tap, a run of one output row is a contiguous run of the buffer.
   multiple of NR, tiles of two vectors along each row. Elsewhere the pixels are numbered
   oh·pitch + ow, tiles of NR consecutive numbers straddle rows and compute `pitch` − OW
   spare outputs per row (reading the padding and the next row's first pixels), and the sums
-  are copied into the output without them. 32 → 32 channels on 32 × 32 pixels, 64 images, float32: 5.46-5.64
-  ms through the sums, 5.22-5.35 in place (one thread: 11.1 against 9.95 ms).
+  are copied into the output without them. 32 → 32 channels on 32 × 32 pixels, 64 images,
+  float32: 5.46-5.64 ms through the sums, 5.22-5.35 in place on tiles of two vectors along
+  a row (one thread: 11.1 against 9.95 ms).
 * Filter gradient: for each tap, dwᵀ[tap][c, o] = Σ_(oh, ow) image[c, oh·pitch + ow +
   offset(tap)] · dy[o, oh, ow], a term of OW steps per output row: a tile of MR input
   channels by NR output channels (the image read in place, MR channels a step), added into
