@@ -39,8 +39,8 @@ CASES = {  # x shape, output channels, padding, filter size, stride
     "stride_two_three": ((3, MIN, 10, 11), MIN + 1, (1, 0), (3, 3), (2, 3)),
     "strided_one_by_one": ((2, MIN, 9, 8), MIN, (0, 0), (1, 1), (3, 1)),
     "strided_five_by_four": ((1, MIN + 1, 12, 13), MIN + 4, (2, 1), (5, 4), (2, 2)),
-    # outputs 32 and 16 wide: rows of whole tiles (float32: 32 wide; float64: 16), or a vector
-    # per row (float32: 16 wide, in tiles of two rows)
+    # outputs whose width is a multiple of a vector's lanes: tiles of a vector's columns down
+    # three rows (float32: 16 lanes; float64: 8), two for the rows left (5 rows: 3 + 2)
     "rows_of_tiles": ((2, MIN, 5, 32), MIN, (1, 1), (3, 3), (1, 1)),
     "rows_of_vectors": ((3, MIN, 4, 16), 2 * MIN, (1, 1), (3, 3), (1, 1)),
     "strided_rows": ((2, MIN, 8, 32), MIN, (1, 1), (3, 3), (2, 2)),        # outputs 4 × 16

@@ -2,10 +2,10 @@
 
 The forward and the filter gradient of a convolution with one group, no dilation and enough
 channels take the direct kernels (library_direct_conv: the `gemm` micro-tile over shifted
-views of the padded image); at stride 1 the data gradient of a finite filter is itself a convolution
-(`_transposed_convolution`) and takes the forward's route, the direct kernel included, and at
-stride > 1 it takes the direct kernel by phases (`PhasedDataGradient`). The rest of this
-module is that fallback and every other geometry.
+views of the padded image); at stride 1 the data gradient of a finite filter is itself a
+convolution (`_transposed_convolution`) and takes the forward's route, the direct kernel
+included, and at stride > 1 it takes the direct kernel by phases (`PhasedDataGradient`). The
+rest of this module is that fallback and every other geometry.
 
 Convolution is im2col + BLAS: a chunk of images is unfolded into a column
 buffer (rows: channel × kernel tap, columns: output pixels) that the kernel
@@ -231,8 +231,9 @@ class _Columns:
 
 class _ConvKernel:
     """A kernel that builds its plans on first use (the geometry needs the shapes): the
-    `_Columns` of im2col + GEMM and, for the ops that have one and where it applies, a
-    `DirectConvolution` (`direct_for`), which the kernel tries first. Each is built only when
+    `_Columns` of im2col + GEMM and, for the ops that have one and where it applies, a direct
+    plan of its `kind` (`direct_for`: a `DirectConvolution`, or the strided data gradient's
+    `PhasedDataGradient`), which the kernel tries first. Each is built only when
     asked for: the im2col buffers are not allocated while the direct kernels serve."""
 
     def __init__(self, op, direct: Callable[[Geometry], bool] | None = None, kind: type | None = None):

@@ -62,6 +62,8 @@ buffers of its own.
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 from numba import njit
 
@@ -151,9 +153,8 @@ def _tile(tile, a, a_offset, a_row_step, a_k_step, a_terms, image, plane, b_term
 def _forward_images(x, w, y, first, stop, image, target, in_place, tiles, a_terms, b_terms, pad_h, pad_w, stride_h,
                     stride_w, pitch, plane):
     """y[first:stop] = the convolution of x's images with the filter rows w (O rounded up to MR,
-    C·taps), through `image` (the padded image). tiles[t] = (the tile's first pixel in the
-    image, its first output in `target`, the steps from one of its vectors to the next in
-    each). `in_place`: target is y flat, each tile's outputs where they belong in y; else it is
+    C·taps), through `image` (the padded image), a tile at a time (`_tile`: its first output
+    counted in `target`). `in_place`: target is y flat, each tile's outputs where they belong in y; else it is
     the sums (O rows of NR-rounded pixels at the image's pitch), copied into y per image."""
     outputs, out_h, out_w = y.shape[1], y.shape[2], y.shape[3]
     rows, depth = w.shape[0], x.shape[1]
@@ -276,7 +277,7 @@ def _row_groups(rows: int) -> list[tuple[int, int]] | None:
         rest = rows - wide * gemm.WIDE_VECTORS
         if rest % gemm.VECTORS == 0:
             sizes = [gemm.WIDE_VECTORS] * wide + [gemm.VECTORS] * (rest // gemm.VECTORS)
-            return list(zip(np.cumsum([0] + sizes[:-1]).tolist(), sizes))
+            return list(zip(accumulate(sizes, initial=0), sizes))
     return None
 
 
