@@ -560,6 +560,29 @@ def test_warp_gradients_of_unread_images_and_of_no_matrices(parallel_loops, rng,
     assert_gradients_match("constant", 0.5, fmt, src, mat[:0], np.zeros(0, np.int32), g[:0])
 
 
+@pytest.mark.parametrize("joint", [False, True])
+def test_warp_image_gradient_is_summed_in_float64(rng, joint):
+    """300 matrices reading one float32 image: each pixel of its gradient is the float64 sum of
+    many terms, rounded once (`_scatter_row`), so it is the reference's sum of the same terms
+    in float64 rounded to float32, where float32 sums were up to 1.3e-5 off. The matrices
+    shift by halves of a pixel, so every weight (0, 1/4, 1/2, 1) and term is exact in both."""
+    mat = np.tile(np.eye(3, dtype=np.float32), (300, 1, 1))
+    mat[:, :2, 2] = rng.integers(-4, 5, (300, 2)) / 2
+    g = randn(rng, (300, 2, 5, 8))
+    mat_idx = np.zeros(300, np.int32)
+    data = WarpPerspectiveBackwardData((1, 2, 6, 7), "replicate", 0.0, "NCHW")
+    if joint:
+        src = _images(rng, "NCHW", n=1, c=2)
+        op = SiblingCalls((data, WarpPerspectiveBackwardMat("replicate", 0.0, "NCHW")), ((1, 2, 3), (0, 1, 2, 3)))
+        got = (np.empty((1, 2, 6, 7), np.float32), np.empty((300, 3, 3), np.float32))
+        library_kernel(op)(src, mat, mat_idx, g, out=got)
+        got = got[0]
+    else:
+        got = run_library_op(data, mat, mat_idx, g)
+    want = data.reference(mat, mat_idx, g.astype(np.float64))
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
 def test_parallel_warps(parallel_loops, rng, fmt):
     src = _images(rng, fmt)
