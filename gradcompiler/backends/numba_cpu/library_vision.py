@@ -270,7 +270,7 @@ def _backward_data_loop(gradient, mats, order, starts, coords, upstream, mode):
                 _row_taps(mats[n], oh, coords, in_h, in_w, mode, 0, sh, sw, offsets, weights, points)
                 _scatter_row(sums, 0, sc, channels, offsets, weights, g, n * gn + oh * gh, gc, gw,
                              mode == _CONSTANT)
-        _store_image(grad, image * sn, sums)
+        grad[image * sn:(image + 1) * sn] = sums
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -282,10 +282,10 @@ def _scatter_row(sums, base, sc, channels, offsets, weights, g, first, gc, gw, c
     through memory; taking the channels inside the pixel interleaves their chains. Each
     element still receives its additions in pixel order, so the sums are those of a loop over
     channels, then pixels. Float64 sums, not the gradient's dtype: a float32 addition converts
-    the element twice, and the scatter took 0.82-0.85 of its time without (the serial
-    spatial_transformer BackwardData, medians of 30 calls interleaved in one process); the
-    image is converted once at the end (`_store_image`). `constant`: whether to check for
-    border taps (CONSTANT mode, the only one with them)."""
+    the element there and back, and with float64 sums the spatial_transformer's BackwardData
+    takes 0.80-0.83 of its time (medians of 30 calls in one process, one and two threads); the
+    loops convert the image once at the end. `constant`: whether to check for border taps
+    (CONSTANT mode, the only one with them)."""
     for ow in range(offsets.shape[1]):
         if not _finite(weights, ow):   # no gradient from it
             continue
@@ -295,13 +295,6 @@ def _scatter_row(sums, base, sc, channels, offsets, weights, g, first, gc, gw, c
             for j in range(4):
                 if not constant or offsets[j, ow] >= 0:     # not a border tap
                     sums[np.uint64(taps[j] + k)] += weights[j, ow] * value
-
-
-@njit(inline="always", cache=True, error_model="numpy")
-def _store_image(grad, start, sums):
-    """grad[start:start + sums.size] = sums, in grad's dtype."""
-    for i in range(sums.size):
-        grad[np.uint64(start + i)] = sums[i]
 
 
 @njit(cache=True, error_model="numpy")
@@ -489,7 +482,7 @@ def _gradients_loop(source, gradient, mats, order, starts, coords, upstream, mod
                                 offsets, weights, points)
             for j in range(9):
                 out[n, j] = total[j]
-        _store_image(grad, image * sn, image_grad)
+        grad[image * sn:(image + 1) * sn] = image_grad
 
 
 @ParallelLoop
