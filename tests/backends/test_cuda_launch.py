@@ -15,6 +15,8 @@ graphs through CuPy.
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -47,10 +49,9 @@ class _Configured:
         dispatcher = self.dispatcher
         dispatcher.dispatches += 1
         types = tuple(dispatcher.typeof_pyval(a) for a in args)
-        if types not in dispatcher.overloads:
-            dict.__setitem__(dispatcher.overloads, types, _Compiled(dispatcher.log, dispatcher.sensitive_kernel))
-        dict.__getitem__(dispatcher.overloads, types).launch(args, self.griddim, self.blockdim, self.stream,
-                                                             self.sharedmem)
+        if types not in dispatcher.compiled:
+            dispatcher.compiled[types] = _Compiled(dispatcher.log, dispatcher.sensitive_kernel)
+        dispatcher.compiled[types].launch(args, self.griddim, self.blockdim, self.stream, self.sharedmem)
 
 
 class _Compiled:
@@ -66,7 +67,11 @@ class _Compiled:
 
 
 class _FakeOverloadDict(dict):
-    """The simulator's `overloads`: a dict subclass answering a fake for any signature."""
+    """The simulator's `overloads`: a new, empty dict at every read, whose `[...]` answers a
+    fake for any signature."""
+
+    def __getitem__(self, key):
+        return object()
 
 
 class _Dispatcher:
@@ -74,11 +79,16 @@ class _Dispatcher:
     launch must stay on the dispatcher."""
 
     def __init__(self, simulator=False, sensitive=False, sensitive_kernel=False, callbacks=False):
-        self.overloads = _FakeOverloadDict() if simulator else {}
+        self.simulator = simulator
+        self.compiled = collections.OrderedDict()  # numba-cuda keeps its overloads in one
         self._launch_config_sensitive = sensitive
         self.sensitive_kernel, self.callbacks = sensitive_kernel, callbacks
         self.log = []
         self.dispatches = self.configures = 0
+
+    @property
+    def overloads(self):
+        return _FakeOverloadDict() if self.simulator else self.compiled
 
     def __getitem__(self, configuration):
         self.configures += 1
@@ -200,7 +210,21 @@ def _with_graphs(monkeypatch, capture):
     monkeypatch.setattr(executable, "graph_capture", lambda option=None: capture)
 
 
-def test_graphs_are_asked_for_and_never_planned_where_they_cannot_be_captured(monkeypatch):
+@pytest.fixture
+def tiled_matmuls(monkeypatch):
+    """The tiled matmul kernel, which a graph can hold, on a device too: the default cuBLAS
+    route runs eagerly there, and each product would end a segment of its own. The route is
+    chosen once per process (`cublas.matmul_route`), so it is chosen again on both sides."""
+    from gradcompiler.backends.numba_cuda import cublas
+
+    monkeypatch.setenv("GRADCOMPILER_CUDA_MATMUL", "tiled")
+    cublas.matmul_route.cache_clear()
+    yield
+    monkeypatch.delenv("GRADCOMPILER_CUDA_MATMUL")
+    cublas.matmul_route.cache_clear()
+
+
+def test_graphs_are_asked_for_and_never_planned_where_they_cannot_be_captured(monkeypatch, tiled_matmuls):
     monkeypatch.delenv(cuda_graphs.ENV, raising=False)
     assert cuda_graphs.graph_capture() is None
     assert cuda_graphs.unavailable_reason() == "off (GRADCOMPILER_CUDA_GRAPHS unset)"
@@ -309,21 +333,15 @@ def test_a_capture_that_fails_warns_once_and_the_step_runs_eagerly(monkeypatch):
 
 
 @pytest.mark.skipif(not ON_DEVICE, reason="CUDA graphs need a GPU and CuPy: make gpu-check runs this")
-def test_real_cuda_graphs_equal_the_reference(monkeypatch):
+def test_real_cuda_graphs_equal_the_reference(monkeypatch, tiled_matmuls):
     monkeypatch.setenv(cuda_graphs.ENV, "1")
     assert cuda_graphs.graph_capture() is not None, "make gpu-check needs CuPy (the cuda extra)"
-    monkeypatch.setenv("GRADCOMPILER_CUDA_MATMUL", "tiled")  # cuBLAS is not captured: keep the products in
-    from gradcompiler.backends.numba_cuda import cublas
-    cublas.matmul_route.cache_clear()
-    try:
-        rng = np.random.default_rng(9)
-        outputs, feeds_for = _step_graph(rng)
-        step = gc.compile(outputs, target="cuda")
-        assert step._runner.graph_status.startswith("on:"), step._runner.graph_status
-        for call in range(3):
-            feeds = feeds_for()
-            for k, (g, w) in enumerate(zip(step(to_host=True, **feeds), gc.evaluate(outputs, feeds))):
-                assert_close(g, w, rtol=1e-5, label=f"call {call} output {k}")
-        assert step._runner.captures == 1
-    finally:
-        cublas.matmul_route.cache_clear()
+    rng = np.random.default_rng(9)
+    outputs, feeds_for = _step_graph(rng)
+    step = gc.compile(outputs, target="cuda")
+    assert step._runner.graph_status.startswith("on:"), step._runner.graph_status
+    for call in range(3):
+        feeds = feeds_for()
+        for k, (g, w) in enumerate(zip(step(to_host=True, **feeds), gc.evaluate(outputs, feeds))):
+            assert_close(g, w, rtol=1e-5, label=f"call {call} output {k}")
+    assert step._runner.captures == 1

@@ -32,6 +32,7 @@ numba-cuda without these attributes. `bound` says which path a launch site took.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 _NO_STREAM = object()
@@ -47,7 +48,9 @@ def bound_overload(dispatcher: Any, configured: Any, args: tuple) -> Any | None:
     `launch` directly is the same launch; None otherwise (module docstring)."""
     overloads = getattr(dispatcher, "overloads", None)
     typeof = getattr(dispatcher, "typeof_pyval", None)
-    if type(overloads) is not dict or typeof is None:  # the simulator's is a dict subclass of fakes
+    # numba-cuda's is an OrderedDict; the simulator's an always-empty dict of fakes, which
+    # the lookup below finds nothing in
+    if not isinstance(overloads, Mapping) or typeof is None:
         return None
     if getattr(dispatcher, "_launch_config_sensitive", False) or getattr(configured, "pre_launch_callbacks", None):
         return None
