@@ -17,7 +17,7 @@ at that offset; a scatter writes value element `o` there:
 
 One-hot indexing views the data as (pre, n, post) and the index as
 (pre, post). Index values are checked before any kernel reads them
-(`device.checked_indices`).
+(`device.IndexChecker`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from ...ops.indexing import (
     one_hot_range_message,
 )
 from ...ops.shape import Concat
-from .device import IndexSpec, LaunchConfig, checked_indices, copy, device_constant, fill, flat, to_device
+from .device import IndexChecker, IndexSpec, LaunchConfig, copy, device_constant, fill, flat, to_device
 from .library import Launcher, cuda_library_kernel
 
 ATOMIC_ADD_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64,
@@ -114,15 +114,14 @@ class _RegionMap:
     block_coeff: Any
     base: int
     axis_strides: Any
-    block_shape: tuple[int, ...]
-    specs: tuple[IndexSpec, ...]
+    check: IndexChecker
 
-    def arguments(self, indices: Sequence[Any], config: LaunchConfig, stream: Any) -> tuple:
-        packed = checked_indices(indices, self.specs, self.block_shape, config, stream)
+    def arguments(self, indices: Sequence[Any], stream: Any) -> tuple:
+        packed = self.check(indices, stream)
         return self.shape, self.coeff, self.block_coeff, self.base, packed, self.axis_strides
 
 
-def _region_map(op: Op, data: TensorType, index_types: Sequence[TensorType]) -> _RegionMap:
+def _region_map(op: Op, data: TensorType, index_types: Sequence[TensorType], config: LaunchConfig) -> _RegionMap:
     """The region map of `op.items` on `data` (basic items, or advanced with index tensors)."""
     strides = row_major(data.shape)
     base = 0
@@ -159,8 +158,8 @@ def _region_map(op: Op, data: TensorType, index_types: Sequence[TensorType]) -> 
         coeff=device_constant([d[1] for d in dims] or [0]),
         block_coeff=device_constant([d[2] for d in dims] or [0]), base=base,
         axis_strides=device_constant([strides[a] for a in tensor_axes] or [0]),
-        block_shape=tuple(block_shape),
-        specs=tuple(IndexSpec(data.shape[a], True, describe(a)) for a in tensor_axes))
+        check=IndexChecker([IndexSpec(data.shape[a], True, describe(a)) for a in tensor_axes],
+                           tuple(block_shape), config))
 
 
 # -- gathers --------------------------------------------------------------------------------------
@@ -172,7 +171,7 @@ class _Gather:
     def __call__(self, data: Any, *indices: Any, out: Any, stream: Any = 0) -> None:
         if not out.size:
             return
-        args = self.region.arguments(indices, self.config, stream)
+        args = self.region.arguments(indices, stream)
         _gather_kernel[self.config.grid(out.size), self.config.block, stream](
             flat(to_device(data, stream)), flat(out), *args)
 
@@ -180,7 +179,7 @@ class _Gather:
 @cuda_library_kernel.register(Subtensor)
 @cuda_library_kernel.register(IndexingMultiAxisVec)
 def _gather(op: Op, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
-    return _Gather(_region_map(op, input_types[0], input_types[1:]), config)
+    return _Gather(_region_map(op, input_types[0], input_types[1:], config), config)
 
 
 # -- scatters -------------------------------------------------------------------------------------
@@ -190,10 +189,11 @@ class _Scatter:
 
     def __init__(self, region: _RegionMap, mode: str, config: LaunchConfig):
         self.region, self.mode, self.config = region, mode, config
+        self._winner: Any = None  # last_wins: the claim of each output position, allocated once
 
     def __call__(self, data: Any, value: Any, *indices: Any, out: Any, stream: Any = 0) -> None:
         config = self.config
-        args = self.region.arguments(indices, config, stream)  # checked before out is touched
+        args = self.region.arguments(indices, stream)  # checked before out is touched
         copy(to_device(data, stream), out, config, stream)
         if not self.region.size:
             return
@@ -204,7 +204,9 @@ class _Scatter:
         elif self.mode == "store":
             _scatter_store_kernel[grid](value, target, *args)
         else:
-            winner = cuda.device_array(out.size, np.int64, stream=stream)
+            if self._winner is None:
+                self._winner = cuda.device_array(out.size, np.int64, stream=stream)
+            winner = self._winner
             fill(winner, -1, config, stream)
             _claim_kernel[grid](winner, self.region.size, *args)
             _store_winners_kernel[grid](value, target, winner, *args)
@@ -212,7 +214,7 @@ class _Scatter:
 
 @cuda_library_kernel.register
 def _set_subtensor(op: SetSubtensor, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
-    return _Scatter(_region_map(op, input_types[0], ()), "store", config)
+    return _Scatter(_region_map(op, input_types[0], (), config), "store", config)
 
 
 @cuda_library_kernel.register
@@ -221,13 +223,13 @@ def _incr_multi_axis(op: IndexingIncrMultiAxisVec, input_types: Sequence[TensorT
     if input_types[0].dtype not in ATOMIC_ADD_DTYPES:
         raise DTypeError(f"the CUDA scatter-add needs atomic adds, which {input_types[0].dtype.name} "
                          f"lacks; cast to one of {[d.name for d in ATOMIC_ADD_DTYPES]}", op=op.label)
-    return _Scatter(_region_map(op, input_types[0], input_types[2:]), "add", config)
+    return _Scatter(_region_map(op, input_types[0], input_types[2:], config), "add", config)
 
 
 @cuda_library_kernel.register
 def _set_multi_axis(op: IndexingSetMultiAxisVec, input_types: Sequence[TensorType],
                     config: LaunchConfig) -> Launcher:
-    return _Scatter(_region_map(op, input_types[0], input_types[2:]), "last_wins", config)
+    return _Scatter(_region_map(op, input_types[0], input_types[2:], config), "last_wins", config)
 
 
 # -- one-hot --------------------------------------------------------------------------------------
@@ -251,11 +253,12 @@ class _OneHot:
         n = data.shape[op.axis]
         self.n, self.post = n, math.prod(data.shape[op.axis + 1:])
         self.index_shape = data.shape[:op.axis] + data.shape[op.axis + 1:]
-        self.spec = IndexSpec(n, False, lambda v: one_hot_range_message(op, v, n))
+        self.check = IndexChecker([IndexSpec(n, False, lambda v: one_hot_range_message(op, v, n))],
+                                  self.index_shape, config)
         self.config = config
 
     def checked(self, index: Any, stream: Any) -> Any:
-        return checked_indices([index], [self.spec], self.index_shape, self.config, stream)
+        return self.check([index], stream)
 
     def grid(self, stream: Any) -> tuple:
         return self.config.grid(math.prod(self.index_shape)), self.config.block, stream

@@ -36,7 +36,7 @@ from ...ops.vision import (
     split_backward_inputs,
 )
 from ...ops.vision import _image_dims as image_dims
-from .device import IndexSpec, LaunchConfig, checked_indices, device_constant, fill, to_device
+from .device import IndexChecker, IndexSpec, LaunchConfig, device_constant, fill, to_device
 from .library import Launcher, cuda_library_kernel
 
 REPLICATE, REFLECT, REFLECT_101, WRAP, CONSTANT = (BORDER_MODES.index(m) for m in
@@ -285,14 +285,15 @@ class _Warp:
         self.kernels = _kernels(np.dtype(dtype), op.format == "NHWC", config.reduce_block)
         self.identity = device_constant(np.arange(n_mat))
         self.n_mat = n_mat
-        self.spec = IndexSpec(n_src, False, lambda v: f"{op.label}: mat_idx value {v} is outside "
-                                                      f"[0, {n_src}) (src batch {n_src})")
+        self.check = IndexChecker([IndexSpec(n_src, False, lambda v: f"{op.label}: mat_idx value {v} is outside "
+                                                                     f"[0, {n_src}) (src batch {n_src})")],
+                                  (n_mat,), config)
 
     def images(self, mat_idx: Any, stream: Any) -> Any:
         """The source image of each matrix (mat_idx, checked), as an int64 device array."""
         if mat_idx is None:
             return self.identity
-        return checked_indices([mat_idx], [self.spec], (self.n_mat,), self.config, stream)[0]
+        return self.check([mat_idx], stream)[0]
 
     def pixel_grid(self, pixels: int, stream: Any) -> tuple:
         return self.config.grid(pixels), self.config.block, stream
