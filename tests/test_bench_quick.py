@@ -247,6 +247,30 @@ def test_cnn_check_passes_float32_steps_and_flags_wrong_gradients(monkeypatch):
     assert verdict["correct"] is False and verdict["max_rel_error_vs_numpy"] > 0.1
 
 
+def test_gpt_check_admits_adams_ill_conditioned_first_step_and_flags_wrong_gradients():
+    """gpt's tolerance is wider than the default for the weights AdamW's first step moves by
+    lr·g/(|g| + eps) with g near zero (suite.TOLERANCES), and no wider than wrong gradients
+    need: the exp_avg slots hold 0.1·g, so a gradient 10% too large or of the wrong sign is
+    flagged at O(1)."""
+    from gradcompiler.bench import workloads
+
+    work = workloads.build("gpt", "tiny")
+    feeds = workloads.feeds_for(work)
+    oracle = suite.float64_oracle(work, feeds)
+    step = suite.compile_step(work, "cpu")
+    state = step.init({t.name: feeds[t.name] for t in work.wrt})
+    loss = step(state, **{k: v for k, v in feeds.items() if k not in state})
+    compiled = [np.asarray(loss), *(np.asarray(state[n]) for n in work.state_names)]
+    own = suite.checked("gpt", compiled, oracle)
+    assert own["correct"] is True and suite.TOLERANCE < suite.tolerance("gpt") <= 1e-2
+    slot = 1 + work.state_names.index("down0.exp_avg")
+    for factor in (1.1, -1.0):
+        wrong = list(compiled)
+        wrong[slot] = wrong[slot] * factor
+        verdict = suite.checked("gpt", wrong, oracle)
+        assert verdict["correct"] is False and verdict["max_rel_error_vs_numpy"] >= 0.09
+
+
 def test_gpt_training_step_in_the_quick_suite_with_its_memory_budgets(tmp_path, monkeypatch):
     """The gpt workload (issue 15) at its tiny size: one gc.train_step, its loss and state
     after a step checked against the numpy step plus AdamW, and an entry per memory budget:

@@ -84,7 +84,14 @@ TOLERANCE = 1e-3
 # filter gradient's sum over the batch adds up coherently. numpy's float32 step (float32
 # accumulators over the non-contiguous axes) lands 2.6e-2 from float64 on down_w at full size
 # (the compiled step 2.4e-6); a gradient wrong by a term, a factor or a sign is off by O(1).
-TOLERANCES = {"cnn": 5e-2}
+# gpt: AdamW's first step moves each weight by lr·g/(|g| + eps) (plus the decay), whose slope at
+# g = 0 is lr/eps = 1e5: a weight whose float64 gradient is near zero moves by a fraction of lr
+# that the float32 gradient's rounding decides. Seen on down2 (weights of scale 0.144):
+# g = -3.67e-9 in float64, -2.61e-9 in float32, so the update is off by 6e-5 = 4.2e-4 of the
+# weights' scale on the CPU; float32 numpy 3.2e-4, torch on CUDA 4.5e-4, the compiled step on
+# CUDA 1.0e-3 (cuBLAS sums in another order). 5e-3 admits gradient rounding up to ~7e-9 there; a
+# gradient wrong by a term, a factor or a sign still shows at O(1) in the exp_avg slots (0.1·g).
+TOLERANCES = {"cnn": 5e-2, "gpt": 5e-3}
 FIRST_CALL_TIMEOUT_S = 1800
 BUDGETS = (1.0, 0.5, 0.25)  # memory budgets of a training-step workload, fractions of the default peak
 
