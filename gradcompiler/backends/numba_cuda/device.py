@@ -232,8 +232,8 @@ class IndexChecker:
 
     The packed array, the bad-value counter and the broadcast metadata are allocated once, at
     the first call, and written again by every later one: an allocation per call costs more
-    than the check (each a driver allocation, about a tenth of a millisecond on the H200
-    machine, against a few microseconds for the kernel). A later call's writes are ordered
+    than the check (about 0.15 ms each on the H200 machine of docs/gpu-notes.md, against a
+    few microseconds for the check's kernel). A later call's writes are ordered
     after the earlier call's readers on the stream, as for the executable's other buffers.
     """
 
