@@ -257,10 +257,7 @@ def test_gpt_check_admits_adams_ill_conditioned_first_step_and_flags_wrong_gradi
     work = workloads.build("gpt", "tiny")
     feeds = workloads.feeds_for(work)
     oracle = suite.float64_oracle(work, feeds)
-    step = suite.compile_step(work, "cpu")
-    state = step.init({t.name: feeds[t.name] for t in work.wrt})
-    loss = step(state, **{k: v for k, v in feeds.items() if k not in state})
-    compiled = [np.asarray(loss), *(np.asarray(state[n]) for n in work.state_names)]
+    compiled = suite.step_runner(work, suite.compile_step(work, "cpu"), feeds, "cpu")()
     own = suite.checked("gpt", compiled, oracle)
     assert own["correct"] is True and suite.TOLERANCE < suite.tolerance("gpt") <= 1e-2
     slot = 1 + work.state_names.index("down0.exp_avg")

@@ -230,28 +230,21 @@ class IndexChecker:
     a small kernel whose count of bad values is read back before the caller launches its own
     kernel. Either way a bad value raises IndexOutOfRangeError and no kernel reads it.
 
-    The packed array, the bad-value counter and the broadcast metadata are allocated once, at
-    the first call, and written again by every later one: an allocation per call costs more
-    than the check (about 0.15 ms each on the H200 machine of docs/gpu-notes.md, against a
-    few microseconds for the check's kernel). A later call's writes are ordered
-    after the earlier call's readers on the stream, as for the executable's other buffers.
+    The packed array, the bad-value counter and the broadcast metadata are allocated once (the
+    strides at the first call, as they follow the index's shape) and written again by every
+    later call: an allocation per call costs more than the check (about 0.15 ms each on the
+    H200 machine of docs/gpu-notes.md, against a few microseconds for the check's kernel). A
+    later call's writes are ordered after the earlier call's readers on the stream, as for the
+    executable's other buffers.
     """
 
     def __init__(self, specs: Sequence[IndexSpec], block_shape: tuple[int, ...], config: LaunchConfig):
         self.specs, self.block_shape, self.config = tuple(specs), tuple(block_shape), config
         self.count = math.prod(self.block_shape)
-        self._packed: Any = None
-        self._bad: Any = None
-        self._shape: Any = None
+        self._packed = cuda.device_array((len(self.specs), max(1, self.count)), np.int64)
+        self._bad = cuda.device_array(1, np.int64)
+        self._shape = device_constant(self.block_shape or (1,))
         self._strides: dict[tuple[int, ...], Any] = {}
-
-    def _buffers(self, stream: Any) -> Any:
-        if self._packed is None:
-            rows = (len(self.specs), max(1, self.count))
-            self._packed = cuda.device_array(rows, np.int64, stream=stream)
-            self._bad = cuda.device_array(1, np.int64, stream=stream)
-            self._shape = device_constant(self.block_shape or (1,), stream=stream)
-        return self._packed
 
     def _strides_for(self, shape: tuple[int, ...], stream: Any) -> Any:
         if shape not in self._strides:
@@ -259,7 +252,7 @@ class IndexChecker:
         return self._strides[shape]
 
     def __call__(self, indices: Sequence[Any], stream: Any = 0) -> Any:
-        packed = self._buffers(stream)
+        packed = self._packed
         if not indices or not self.count:
             return packed
         if not any(is_device_array(i) for i in indices):
