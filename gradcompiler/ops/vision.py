@@ -223,12 +223,18 @@ class _WarpChecks:
         if isinstance(self.border_val, bool) or not isinstance(self.border_val, (int, float)):
             raise self.shape_error(f"border_val must be a number, got {self.border_val!r}")
 
-    def gradient_key(self, src_shape: tuple[int, ...], mat_idx_and_g: tuple[int, ...]) -> tuple:
-        """`Op.sibling_key` of the two backward ops: a warp's BackwardData and BackwardMat
-        sample the same taps (same matrix, mat_idx, sampling and source shape) and read the
-        same upstream gradient, so one pass over the pixels can make both."""
-        return ("warp gradients", self.border_mode, float(self.border_val), self.format,
-                tuple(src_shape), *mat_idx_and_g)
+    def taps_key(self, src_shape: tuple[int, ...], grid: tuple[int, ...], mat_and_idx: tuple[int, ...]) -> tuple:
+        """`Op.sibling_key` of a perspective warp and its two backward ops: calls that sample
+        the same taps (same matrix and mat_idx, border, source shape and output grid `grid`)
+        can share one pass over the pixels, which computes each pixel's taps once. Not the
+        upstream gradient or the source image: a backend's joint kernel checks that the calls
+        read the same ones (a pair of BackwardData and BackwardMat usually does)."""
+        return ("warp taps", self.border_mode, float(self.border_val), self.format,
+                tuple(src_shape), tuple(grid), *mat_and_idx)
+
+    def upstream_grid(self, g: TensorType) -> tuple[int, int]:
+        """(OH, OW) of a backward op's upstream gradient `g`: the forward's output grid."""
+        return _image_dims(self.format, g.shape)[2:]
 
     def check_image(self, t: TensorType, what: str) -> tuple[int, int, int, int]:
         """(N, C, H, W) of a float image input, with H and W positive."""
@@ -298,6 +304,9 @@ class WarpPerspective(_WarpChecks, Op):
         n = self.check_mat(mat, 3)
         self.check_mat_idx(mat_idx, n, n_src)
         return TensorType(_image_shape(self.format, n, c, oh, ow), dtype)
+
+    def sibling_key(self, inputs, types):
+        return self.taps_key(types[0].shape, self.out_shape, inputs[1:])
 
     def reference(self, src, mat, mat_idx=None):
         return warp_forward(self, src, mat, mat_idx, self.out_shape)
@@ -372,7 +381,7 @@ class WarpPerspectiveBackwardData(_WarpChecks, Op):
         return TensorType(self.src_shape, dtype)
 
     def sibling_key(self, inputs, types):
-        return self.gradient_key(self.src_shape, inputs)
+        return self.taps_key(self.src_shape, self.upstream_grid(types[-1]), inputs[:-1])
 
     def reference(self, *arrays):
         mat, mat_idx, g = split_backward_inputs(arrays, with_src=False)
@@ -413,7 +422,7 @@ class WarpPerspectiveBackwardMat(_WarpChecks, Op):
         return TensorType((n, 3, 3), dtype)
 
     def sibling_key(self, inputs, types):
-        return self.gradient_key(types[0].shape, inputs[1:])
+        return self.taps_key(types[0].shape, self.upstream_grid(types[-1]), inputs[1:-1])
 
     def reference(self, *arrays):
         src, mat, mat_idx, g = split_backward_inputs(arrays, with_src=True)

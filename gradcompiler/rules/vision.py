@@ -5,7 +5,9 @@
   unbroadcast (1, 1, 3) row works only for N = 1), and the perspective
   backward ops do the work; rows 0:2 of the matrix gradient are kept. Unlike
   the seed, each gradient is built only when its input needs one, so a
-  gradient wrt src alone never captures src.
+  gradient wrt src alone never captures src. `homogeneous` builds that
+  matrix; simplify makes the differentiated forward a WarpPerspective of it,
+  so the warp and its gradients can share one pass (`passes/simplify/vision.py`).
 * WarpPerspective (MegEngine's generic rule, §9.3): BackwardData for src
   (reads mat and mat_idx), BackwardMat for mat (reads src, mat, mat_idx).
 * WarpPerspectiveBackwardData is linear in g and the adjoint of the forward
@@ -29,7 +31,7 @@ import numpy as np
 
 from ..errors import NotDifferentiableError
 from ..frontend.shapes import broadcast_to, concat
-from ..frontend.tensor import apply, constant
+from ..frontend.tensor import Tensor, apply, constant
 from ..ops.vision import (
     WarpAffine,
     WarpPerspective,
@@ -64,13 +66,18 @@ def _warp_grads(node, g, needs_grad, src, mat, mat_idx):
     return [dsrc, dmat]
 
 
+def homogeneous(mat: Tensor) -> Tensor:
+    """The (N, 2, 3) affine matrices `mat` as (N, 3, 3) perspective ones: the row [0, 0, 1]
+    appended (§9.6). The simplify rewrite `affine_warp_reads_homogeneous_matrix` builds the
+    same nodes, so that common subexpressions make the two one value."""
+    row = constant(np.array([[[0, 0, 1]]]), mat.dtype, graph=mat.graph)
+    return concat([mat, broadcast_to(row, (mat.shape[0], 1, 3))], axis=1)
+
+
 @grad_rule(WarpAffine)
 def warp_affine_rule(node, g, needs_grad):
     src, mat = node.inputs
-    mat_type = node.input_types[1]
-    row = constant(np.array([[[0, 0, 1]]]), mat_type.dtype)
-    mat3 = concat([mat, broadcast_to(row, (mat_type.shape[0], 1, 3))], axis=1)
-    dsrc, dmat3 = _warp_grads(node, g, needs_grad, src, mat3, None)
+    dsrc, dmat3 = _warp_grads(node, g, needs_grad, src, homogeneous(mat), None)
     return [dsrc, dmat3[:, 0:2, :] if dmat3 is not None else None]
 
 

@@ -382,21 +382,46 @@ def _matrices(rng, n):
 
 
 def assert_gradients_match(mode, border_val, fmt, src, mat, mat_idx, g, atol=(0.0, 0.0)):
-    """Both backward ops as one `SiblingCalls` (the joint one-pass kernel, `_gradients_loop`),
-    each output against its op's reference (`atol`: BackwardData's, BackwardMat's), with the
-    two ops in either order."""
+    """The backward ops as one `SiblingCalls` (the joint one-pass kernel, `_gradients_loop`),
+    alone and with the forward warp, in several orders: each gradient against its op's
+    reference (`atol`: BackwardData's, BackwardMat's), the forward warp equal to the forward
+    op's own kernel bit for bit (the joint kernel blends the same taps in the same order)."""
+    forward = WarpPerspective(g.shape[2:] if fmt == "NCHW" else g.shape[1:3], mode, border_val, fmt)
     data = WarpPerspectiveBackwardData(src.shape, mode, border_val, fmt)
     mat_op = WarpPerspectiveBackwardMat(mode, border_val, fmt)
     values = (src, mat, *(() if mat_idx is None else (mat_idx,)), g)
-    parts = {data: tuple(range(1, len(values))), mat_op: tuple(range(len(values)))}
-    want = {data: data.reference(*values[1:]), mat_op: mat_op.reference(*values)}
-    for ops in ((data, mat_op), (mat_op, data)):
+    parts = {forward: tuple(range(len(values) - 1)), data: tuple(range(1, len(values))),
+             mat_op: tuple(range(len(values)))}
+    want = {forward: run_library_op(forward, *values[:-1]), data: data.reference(*values[1:]),
+            mat_op: mat_op.reference(*values)}
+    for ops in ((data, mat_op), (mat_op, data), (forward, data, mat_op), (mat_op, forward)):
         joint = SiblingCalls(ops, tuple(parts[o] for o in ops))
         got = tuple(np.full(want[o].shape, np.nan, want[o].dtype) for o in ops)
         library_kernel(joint)(*values, out=got)
         for o, array in zip(ops, got):
-            np.testing.assert_allclose(array, want[o], rtol=RTOL[array.dtype], atol=atol[o is mat_op],
-                                       equal_nan=True, err_msg=f"{o.describe()} in {joint.describe()}")
+            if o is forward:
+                np.testing.assert_array_equal(array, want[o], err_msg=f"the forward in {joint.describe()}")
+            else:
+                np.testing.assert_allclose(array, want[o], rtol=RTOL[array.dtype], atol=atol[o is mat_op],
+                                           equal_nan=True, err_msg=f"{o.describe()} in {joint.describe()}")
+
+
+def test_warp_calls_of_other_images_or_gradients_run_in_turn(rng):
+    """The sibling key leaves the image and the upstream gradient open: calls that read other
+    ones than BackwardMat does are not the joint kernel's, and each runs its own."""
+    src, other_src = _images(rng, "NCHW"), _images(rng, "NCHW")
+    mat = _matrices(rng, 2)
+    g, other_g = randn(rng, (2, 3, 5, 8)), randn(rng, (2, 3, 5, 8))
+    forward = WarpPerspective((5, 8), "constant", 0.5, "NCHW")
+    data = WarpPerspectiveBackwardData(src.shape, "constant", 0.5, "NCHW")
+    mat_op = WarpPerspectiveBackwardMat("constant", 0.5, "NCHW")
+    values = (src, mat, g, other_src, other_g)
+    joint = SiblingCalls((forward, data, mat_op), ((3, 1), (1, 4), (0, 1, 2)))
+    got = (np.empty((2, 3, 5, 8), np.float32), np.empty(src.shape, np.float32), np.empty((2, 3, 3), np.float32))
+    library_kernel(joint)(*values, out=got)
+    np.testing.assert_array_equal(got[0], run_library_op(forward, other_src, mat))
+    np.testing.assert_allclose(got[1], data.reference(mat, other_g), rtol=RTOL[np.dtype(np.float32)], atol=1e-5)
+    np.testing.assert_allclose(got[2], mat_op.reference(src, mat, g), rtol=RTOL[np.dtype(np.float32)], atol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])

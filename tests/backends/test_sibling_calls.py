@@ -1,6 +1,8 @@
-"""Sibling library calls (`Op.sibling_key`): a warp's BackwardData and BackwardMat read the same
-taps of the same upstream gradient, so fusion makes them one step (`kernel.SiblingCalls`), which
-the CPU runs as one pass over the pixels and the CUDA target as its two launchers in turn.
+"""Sibling library calls (`Op.sibling_key`): a warp, its BackwardData and its BackwardMat sample
+the same taps, so fusion makes them one step (`kernel.SiblingCalls`) where none depends on
+another, which the CPU runs as one pass over the pixels and the CUDA target as each op's
+launcher in turn. An affine warp joins through the homogeneous matrix its gradients read
+(`passes/simplify/vision.py`).
 
 The oracle is the reference interpreter on the unoptimised graph (float64 rtol 1e-10, float32
 1e-5). The feeds put NaN in the image and in the upstream weights, and the matrices sample well
@@ -15,7 +17,13 @@ import pytest
 import gradcompiler as gc
 from gradcompiler.backends.numba_cpu import library
 from gradcompiler.kernel import LibraryStep, SiblingCalls
-from gradcompiler.ops.vision import WarpPerspectiveBackwardData, WarpPerspectiveBackwardMat
+from gradcompiler.ops.shape import Concat
+from gradcompiler.ops.vision import (
+    WarpAffine,
+    WarpPerspective,
+    WarpPerspectiveBackwardData,
+    WarpPerspectiveBackwardMat,
+)
 
 from cuda_support import cuda_for_tests
 from oracle import assert_close
@@ -24,14 +32,15 @@ RTOL = {"float64": 1e-10, "float32": 1e-5}
 SHAPE = (3, 2, 6, 7)  # NCHW
 
 
-def warp_loss(dtype: str, mode: str, wrt: tuple[str, ...] = ("img", "mat")):
-    """loss = Σ warp_affine(img, mat) · r, and its gradients with respect to `wrt`."""
+def warp_loss(dtype: str, mode: str, wrt: tuple[str, ...] = ("img", "mat"), squared: bool = False):
+    """loss = Σ warp_affine(img, mat) · r (or Σ warp² · r, whose upstream gradient reads the
+    warp), and its gradients with respect to `wrt`."""
     with gc.Graph("warp"):
         img = gc.param("img", SHAPE, dtype)
         mat = gc.param("mat", (SHAPE[0], 2, 3), dtype)
         r = gc.input("r", SHAPE, dtype)
-        loss = (gc.warp_affine(img, mat, SHAPE[2:], border_mode=mode, border_val=0.4,
-                                format="NCHW") * r).sum()
+        warped = gc.warp_affine(img, mat, SHAPE[2:], border_mode=mode, border_val=0.4, format="NCHW")
+        loss = ((warped * warped if squared else warped) * r).sum()
         grads = gc.grad(loss, [{"img": img, "mat": mat}[name] for name in wrt])
     return [loss, *grads]
 
@@ -65,22 +74,51 @@ def sibling_steps(step) -> list[LibraryStep]:
 @pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("mode", ["replicate", "constant", "wrap"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_a_warps_two_gradients_are_one_step(rng, monkeypatch, dtype, mode, parallel):
+def test_a_warp_and_its_two_gradients_are_one_step(rng, monkeypatch, dtype, mode, parallel):
     if parallel:
         monkeypatch.setattr(library, "PARALLEL_MIN_WORK", 0)
     step = check(warp_loss(dtype, mode), feeds(rng, dtype), dtype)
     (joint,) = sibling_steps(step)
+    assert {type(op) for op in joint.op.ops} == {WarpPerspective, WarpPerspectiveBackwardData,
+                                                 WarpPerspectiveBackwardMat}
+    assert len(joint.outputs) == 3 and len(set(joint.outputs)) == 3
+    alone = [s for s in library_steps(step) if isinstance(s.op, (WarpAffine, WarpPerspective,
+                                                                 WarpPerspectiveBackwardData,
+                                                                 WarpPerspectiveBackwardMat))]
+    assert not alone, "a warp call still ran on its own"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_warp_whose_gradient_reads_it_stays_apart_from_them(rng):
+    """With loss = Σ warp² · r the upstream gradient is made from the warp's output: joining the
+    gradients' step would be a cycle, so the warp runs first and its two gradients together."""
+    step = check(warp_loss("float64", "replicate", squared=True), feeds(rng, "float64"), "float64")
+    (joint,) = sibling_steps(step)
     assert {type(op) for op in joint.op.ops} == {WarpPerspectiveBackwardData, WarpPerspectiveBackwardMat}
-    assert len(joint.outputs) == 2 and len(set(joint.outputs)) == 2
-    alone = [s for s in library_steps(step)
-             if isinstance(s.op, (WarpPerspectiveBackwardData, WarpPerspectiveBackwardMat))]
-    assert not alone, "a gradient was still made by a call of its own"
+    labels = [s.op.label for s in library_steps(step)]
+    assert labels.index("WarpPerspective") < labels.index(joint.op.label)
 
 
 @pytest.mark.parametrize("wrt", [("img",), ("mat",)])
-def test_one_gradient_alone_stays_a_plain_call(rng, wrt):
+def test_one_gradient_joins_the_warp(rng, wrt):
+    """The matrix's gradient joins the warp in the joint kernel; the image's alone has no
+    joint kernel with it, and the two calls run in turn (the values are each op's own)."""
     step = check(warp_loss("float64", "reflect", wrt), feeds(rng, "float64"), "float64")
-    assert not sibling_steps(step)
+    (joint,) = sibling_steps(step)
+    gradient = WarpPerspectiveBackwardData if wrt == ("img",) else WarpPerspectiveBackwardMat
+    assert {type(op) for op in joint.op.ops} == {WarpPerspective, gradient}
+
+
+def test_an_affine_warp_keeps_its_op_unless_differentiated():
+    """The rewrite to WarpPerspective serves only the sharing of its gradients' matrix: a warp
+    that is not differentiated stays WarpAffine, and no Concat is added."""
+    with gc.Graph("forward"):
+        img = gc.input("img", SHAPE, "float32")
+        mat = gc.input("mat", (SHAPE[0], 2, 3), "float32")
+        out = gc.warp_affine(img, mat, SHAPE[2:], format="NCHW")
+    step = gc.compile([out])
+    assert [type(s.op) for s in library_steps(step)] == [WarpAffine]
+    assert not any(isinstance(step.graph[i].op, Concat) for i in step.graph.topo_order())
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

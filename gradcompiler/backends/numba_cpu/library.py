@@ -207,13 +207,16 @@ def library_kernel(op: Op) -> LibraryKernel:
     raise NotImplementedError(f"the CPU backend has no library kernel for {op.describe()}")
 
 
-_JOINT_KERNELS: dict[frozenset[type], Callable[[SiblingCalls], LibraryKernel]] = {}
+JointMaker = Callable[[SiblingCalls], "LibraryKernel | None"]
+_JOINT_KERNELS: dict[frozenset[type], JointMaker] = {}
 
 
-def joint_kernel(*op_classes: type) -> Callable:
+def joint_kernel(*op_classes: type) -> Callable[[JointMaker], JointMaker]:
     """Register a maker of the one-pass kernel of a `SiblingCalls` of these op classes (in
-    any order); it is called `kernel(*inputs, out=(one output per op, in op order))`."""
-    def register(maker: Callable[[SiblingCalls], LibraryKernel]) -> Callable[[SiblingCalls], LibraryKernel]:
+    any order); it is called `kernel(*inputs, out=(one output per op, in op order))`. A maker
+    may decline (None) calls its kernel cannot join, such as ones reading different values
+    where the sibling key leaves that open."""
+    def register(maker: JointMaker) -> JointMaker:
         _JOINT_KERNELS[frozenset(op_classes)] = maker
         return maker
     return register
@@ -221,11 +224,12 @@ def joint_kernel(*op_classes: type) -> Callable:
 
 @library_kernel.register
 def _sibling_calls(op: SiblingCalls) -> LibraryKernel:
-    """The joint kernel of the calls where one is registered (`joint_kernel`), else each op's
-    own kernel in turn."""
+    """The joint kernel of the calls where one is registered (`joint_kernel`) and takes them,
+    else each op's own kernel in turn."""
     maker = _JOINT_KERNELS.get(frozenset(type(o) for o in op.ops))
-    if maker is not None:
-        return maker(op)
+    joint = maker(op) if maker is not None else None
+    if joint is not None:
+        return joint
     kernels = [library_kernel(o) for o in op.ops]
 
     def sibling_calls(*inputs, out):
