@@ -94,7 +94,7 @@ def warp_backward_data_rule(node, g, needs_grad):
     if needs_grad[0]:
         raise _not_differentiable(node, "wrt mat")
     mat, *rest = node.inputs
-    out_hw = _out_hw(node.op, node.input_types[-1])
+    out_hw = node.op.upstream_grid(node.input_types[-1])
     forward = WarpPerspective(out_hw, node.op.border_mode, 0.0, node.op.format)
     grads = [None] * len(node.inputs)
     if needs_grad[-1]:
@@ -108,16 +108,12 @@ def _refuse_src_and_mat(node, needs_grad) -> None:
             raise _not_differentiable(node, what)
 
 
-def _out_hw(op, image_type) -> tuple[int, int]:
-    return tuple(image_type.shape[2:] if op.format == "NCHW" else image_type.shape[1:3])
-
-
 @grad_rule(WarpPerspectiveBackwardMat)
 def warp_backward_mat_rule(node, h, needs_grad):
     """d g = TangentMat(src, mat, [mat_idx], h): the adjoint of a map linear in g."""
     _refuse_src_and_mat(node, needs_grad)
     src, mat, *rest = node.inputs
-    tangent = WarpPerspectiveTangentMat(_out_hw(node.op, node.input_types[-1]), **_border(node.op))
+    tangent = WarpPerspectiveTangentMat(node.op.upstream_grid(node.input_types[-1]), **_border(node.op))
     grads = [None] * len(node.inputs)
     if needs_grad[-1]:
         grads[-1] = apply(tangent, src, mat, *rest[:-1], h)

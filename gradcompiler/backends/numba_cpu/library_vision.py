@@ -450,7 +450,7 @@ def _backward_mat_loop(source, mats, images, coords, upstream, mode, border_val,
             # no scatter: sums[0] only stands in for the image gradient, which is never written
             _add_matrix_row(total, sums, sums[0], False, mats[n], oh, images[n] * sn, src, sc, sh, sw,
                             channels, in_h, in_w, g, n * gn, gc, gh, gw, coords, mode, border_val,
-                            offsets, weights, points, False, sums[0], 0, (0, 0, 0, 0))
+                            offsets, weights, points, False, sums[0], 0, 0, 0)
         for j in range(9):
             out[n, j] = total[j]
 
@@ -479,18 +479,17 @@ def _add_channel_slopes(sums, src, k, offsets, weights, points, g, line, gw, bor
 @njit(inline="always", cache=True, error_model="numpy")
 def _add_matrix_row(total, sums, image_grad, scatter, m, oh, base, src, sc, sh, sw, channels, in_h, in_w, g,
                     first, gc, gh, gw, coords, mode, border_val, offsets, weights, points,
-                    sample, forward, forward_first, forward_strides):
+                    sample, forward, forward_row, oc, ow_stride):
     """Row oh of the matrix `m` (its image at `base`, its g from `first`) into BackwardMat's
     `total`; with `scatter` (a literal) into BackwardData's float64 `image_grad` too
     (`_scatter_row`), from the same taps, the row of g still in L1; with `sample` (a literal)
-    the forward warp's row into `forward` too (its matrix's first element `forward_first`,
-    (n, c, h, w) `forward_strides`), from the same gathers (`_add_channel_slopes`)."""
+    the forward warp's row into `forward` too (the row's first element `forward_row`, the
+    channel and pixel strides `oc`, `ow_stride`), from the same gathers (`_add_channel_slopes`)."""
     _row_taps(m, oh, coords, in_h, in_w, mode, base, sh, sw, offsets, weights, points)
     fy, row = np.float64(coords[oh]), first + oh * gh
-    _, oc, oh_stride, ow_stride = forward_strides
     _start_row_sums(sums, points, coords, fy)
     for c in range(channels):
-        k, line, forward_line = c * sc, row + c * gc, forward_first + c * oc + oh * oh_stride
+        k, line, forward_line = c * sc, row + c * gc, forward_row + c * oc
         if mode == _CONSTANT:
             _add_channel_slopes(sums, src, k, offsets, weights, points, g, line, gw, border_val, True,
                                 sample, forward, forward_line, ow_stride)
@@ -525,14 +524,15 @@ def _gradients_loop(source, gradient, mats, order, starts, coords, upstream, mod
             n = order[slot]
             total = np.zeros(9)
             for oh in range(out_h):
-                if sample:
+                forward_row = n * on + oh * oh_stride
+                if sample:   # a literal in each call, so the pixel loop has no branch on it
                     _add_matrix_row(total, sums, image_grad, scatter, mats[n], oh, image * sn, src, sc, sh, sw,
                                     channels, in_h, in_w, g, n * gn, gc, gh, gw, coords, mode, border_val,
-                                    offsets, weights, points, True, forward, n * on, (on, oc, oh_stride, ow_stride))
+                                    offsets, weights, points, True, forward, forward_row, oc, ow_stride)
                 else:
                     _add_matrix_row(total, sums, image_grad, scatter, mats[n], oh, image * sn, src, sc, sh, sw,
                                     channels, in_h, in_w, g, n * gn, gc, gh, gw, coords, mode, border_val,
-                                    offsets, weights, points, False, forward, 0, (on, oc, oh_stride, ow_stride))
+                                    offsets, weights, points, False, forward, forward_row, oc, ow_stride)
             for j in range(9):
                 out[n, j] = total[j]
         if scatter:
