@@ -2,7 +2,8 @@
 
 The rule, on hand-built kernels: adjacent axes k, k + 1 (k ≥ 1) merge where every load's
 coefficient of k is that of k + 1 times k + 1's extent (any coefficient on an axis of extent 1),
-no digit reads either, and every reduction reduces both or neither; axis 0 never merges.
+no digit reads either, and every reduction reduces both or neither; axes 0 and 1 only in a
+kernel of several phases whose reductions keep both, its row scratch then one index of axis 1.
 
 The values, on graphs compiled for the CPU against the reference interpreter (float64 1e-10,
 float32 1e-5), with a NaN and an empty batch: a batch norm and its gradient, per-channel sums
@@ -12,6 +13,8 @@ alone, and a pixel shuffle (digits).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -81,6 +84,47 @@ def test_an_axis_of_extent_one_takes_any_coefficient_and_digits_stay():
     assert kernel.domain == (2, 12, 5)
     assert kernel.phases[0].instrs[0].expr.index == _index((0, 60), (1, 5)) + Index.of(
         {Digit(_index((2, 1)), 2, None): 1}, 0)
+
+
+def _row_kernel(domain, x, reduce_axes) -> LoopKernel:
+    """Two phases: x's MAX over `reduce_axes` into a row buffer, then x minus it, stored."""
+    kept = [k for k in range(1, len(domain)) if k not in reduce_axes]
+    row = _index(*((k, math.prod(domain[j] for j in kept if j > k)) for k in kept))
+    params = (BufferParam("in", F32, 10**6), BufferParam("row", F32, math.prod(domain[k] for k in kept)),
+              BufferParam("out", F32, 10**6))
+    first = Phase((Instr(0, Load(0, x), F32),), reductions=(Reduction(1, 0, "MAX", tuple(reduce_axes)),))
+    second = Phase((Instr(1, Load(0, x), F32), Instr(2, Load(1, row), F32),
+                    Instr(3, Compute(Elemwise("SUB"), (1, 2)), F32)), stores=(Store(2, 3),))
+    return LoopKernel(tuple(domain), params, (first, second))
+
+
+def test_a_kernel_of_phases_merges_axes_0_and_1_into_smaller_rows():
+    x = _index((0, 12), (1, 4), (2, 1))
+    merged = coalesce_axes(_row_kernel((2, 3, 4), x, reduce_axes=(2,)))
+    assert merged.domain == (6, 4)
+    assert merged.params[1].size == 1                          # a row of one index of axis 1
+    assert _loads(merged) == [_index((0, 4), (1, 1)), _index((0, 4), (1, 1)), Index.lit(0)]
+    # a reduction over axis 1 keeps the rows whole; so does a load broadcast along axis 0
+    assert coalesce_axes(_row_kernel((2, 3, 4), x, reduce_axes=(1, 2))).domain == (2, 12)
+    broadcast = _index((1, 4), (2, 1))
+    assert coalesce_axes(_row_kernel((2, 3, 4), broadcast, reduce_axes=(2,))).domain == (2, 3, 4)
+    # one phase has no row that a later phase re-reads: axis 0 stays apart
+    assert coalesce_axes(_kernel((2, 3, 4), [x], reduce_axes=(2,))).domain == (2, 3, 4)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("batch", [3, 0])
+def test_a_softmax_and_its_gradient_over_merged_rows_equal_the_reference(rng, dtype, batch):
+    shape = (batch, 5, 40)
+    with gc.Graph("softmax_rows"):
+        x, r = gc.param("x", shape, dtype), gc.input("r", shape, dtype)
+        probabilities = gc.softmax(x * 0.5, axis=-1)
+        outputs = [probabilities, *gc.grad((probabilities * r).sum(), [x])]   # no sum over rows
+    feeds = _feeds(rng, {"x": shape, "r": shape}, dtype)
+    if batch:
+        feeds["x"][1, 2, 3] = np.nan
+    source = _check(outputs, feeds, dtype)
+    assert f"c * {batch * 5} // nchunks" in source       # the loop over rows takes batch × 5 of them
 
 
 def _batch_norm_step(shape, dtype):
