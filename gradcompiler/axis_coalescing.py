@@ -66,16 +66,17 @@ def _merge(kernel: LoopKernel, k: int) -> LoopKernel | None:
     merged, inner = Index.axis(k), extents[k + 1]
     mapping = {k: floordiv(merged, inner, domain), k + 1: mod(merged, inner, domain)}
     mapping.update({j: Index.axis(j - 1) for j in range(k + 2, len(extents))})
-    in_row = {1: Index.lit(0), **{j: Index.axis(j - 1) for j in range(2, len(extents))}}
-    params = tuple(dataclasses.replace(p, size=p.size // inner) if k == 0 and p.role == "row" else p
-                   for p in kernel.params)
+    row_mapping, params = mapping, kernel.params
+    if k == 0:   # a row buffer's index has no axis 0: it drops axis 1 (`_merge_rows`)
+        row_mapping = {**mapping, 1: Index.lit(0)}
+        params = tuple(dataclasses.replace(p, size=p.size // inner) if p.role == "row" else p for p in params)
     phases = []
     for phase in kernel.phases:
         instrs = []
         for instr in phase.instrs:
             if isinstance(instr.expr, Load):
-                row = k == 0 and params[instr.expr.param].role == "row"
-                index = substitute(instr.expr.index, in_row if row else mapping, domain)
+                row = params[instr.expr.param].role == "row"
+                index = substitute(instr.expr.index, row_mapping if row else mapping, domain)
                 if _digits_read(index, k):
                     return None
                 instr = dataclasses.replace(instr, expr=dataclasses.replace(instr.expr, index=index))
