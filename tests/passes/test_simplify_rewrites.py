@@ -15,7 +15,7 @@ from gradcompiler.ops.elemwise import Cast
 from gradcompiler.ops.reduce import ReduceTo
 from gradcompiler.ops.shape import AddAxis, Broadcast, FastpathCopy, Reshape, Transpose
 from gradcompiler.ops.source import Placeholder
-from gradcompiler.passes.pipeline import SIMPLIFY, optimize
+from gradcompiler.passes.pipeline import CSE, PRUNE, SIMPLIFY, optimize
 from gradcompiler.passes.simplify import REWRITES, rewrite
 from gradcompiler.reference import run_graph
 
@@ -200,6 +200,106 @@ def test_transpose_of_a_flattened_matrix_mul_operand_stays(rng):
     opt, rewrites = simplified([y])
     assert rewrites == {}
     np.testing.assert_allclose(values(opt, {"x": xv, "w": wv})[0], xv.transpose(0, 2, 1) @ wv)
+
+
+# -- a sum of a product against its cotangent ---------------------------------------------------
+
+
+def _op(x, transposed):
+    return np.swapaxes(x, -1, -2) if transposed else x
+
+
+def simplified_as_in_the_pipeline(outputs):
+    """prune, simplify, cse and simplify again, as the default pipeline starts: a gradient's
+    product reaches its final form (its cotangent's multiply by ones gone) after the first
+    simplify has visited the sum; the read-offs of both counted together."""
+    passes = [PRUNE, SIMPLIFY, CSE, SIMPLIFY]
+    opt, ctx = optimize(outputs[0].graph, [t.id for t in outputs], passes=passes, debug=True)
+    return opt, sum(stats.rewrites.get(_READ_OFF, 0) for stats in ctx.stats)
+
+
+_READ_OFF = "sum_of_product_from_its_gradient"
+
+
+def _product_loss(shapes, flags, wrt, dtype="float64"):
+    """loss = sum(op(a)·op(b) ∘ r) and its gradients wrt the named operands."""
+    with gc.Graph():
+        a = gc.input("a", shapes[0], dtype)
+        b = gc.input("b", shapes[1], dtype)
+        r = gc.input("r", shapes[2], dtype)
+        loss = (gc.matmul(a, b, transpose_a=flags[0], transpose_b=flags[1]) * r).sum()
+        operands = {"a": a, "b": b}
+        return [loss, *gc.grad(loss, [operands[n] for n in wrt])], (a, b)
+
+
+@pytest.mark.parametrize("flags", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("batch", [(), (3,)], ids=["matrix", "batched"])
+@pytest.mark.parametrize("wrt", ["ab", "a", "b"])
+def test_a_sum_of_a_product_against_its_cotangent_is_read_off_a_gradient(rng, flags, batch, wrt):
+    m, k, n = 4, 6, 5      # a's m × k is the smaller operand: with both gradients, a is read
+    shape_a = (*batch, k, m) if flags[0] else (*batch, m, k)
+    shape_b = (*batch, n, k) if flags[1] else (*batch, k, n)
+    outputs, (a, b) = _product_loss((shape_a, shape_b, (*batch, m, n)), flags, wrt)
+    opt, rewritten = simplified_as_in_the_pipeline(outputs)
+    assert rewritten == 1
+    assert sum(n.op.kind == "library" for n in opt.nodes.values()) == len(wrt)  # the gradients only
+    (mul,) = [opt[i] for i in opt[opt.outputs[0]].inputs]
+    assert (a.id if wrt != "b" else b.id) in mul.inputs
+    feeds = {"a": rng.standard_normal(shape_a), "b": rng.standard_normal(shape_b),
+             "r": rng.standard_normal((*batch, m, n))}
+    want = np.sum((_op(feeds["a"], flags[0]) @ _op(feeds["b"], flags[1])) * feeds["r"])
+    np.testing.assert_allclose(values(opt, feeds)[0], want, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_compiled_loss_read_off_its_gradient_equals_the_reference(rng, dtype):
+    outputs, _ = _product_loss(((2, 7, 3), (2, 3, 9), (2, 7, 9)), (False, False), "ab", dtype)
+    feeds = {"a": rng.standard_normal((2, 7, 3)), "b": rng.standard_normal((2, 3, 9)),
+             "r": rng.standard_normal((2, 7, 9))}
+    feeds = {name: x.astype(dtype) for name, x in feeds.items()}
+    step = gc.compile(outputs)
+    rtol = {"float64": 1e-10, "float32": 1e-5}[dtype]
+    for got, want in zip(step(**feeds), gc.evaluate(outputs, feeds)):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
+    feeds["r"][1, 2, 3] = np.nan
+    assert np.isnan(step(**feeds)[0]) and np.isnan(gc.evaluate(outputs, feeds)[0])
+    empty = {"a": np.zeros((2, 7, 0), dtype), "b": np.zeros((2, 0, 9), dtype), "r": feeds["r"]}
+    outputs, _ = _product_loss(((2, 7, 0), (2, 0, 9), (2, 7, 9)), (False, False), "ab", dtype)
+    got = gc.compile(outputs)(**empty)
+    assert got[0] == 0 and got[1].shape == (2, 7, 0) and got[2].shape == (2, 0, 9)
+
+
+def test_a_product_read_elsewhere_or_summed_against_a_broadcast_stays():
+    with gc.Graph():
+        a, c = gc.input("a", (4, 6), "float64"), gc.input("c", (4, 6), "float64")
+        b = gc.input("b", (6, 5), "float64")
+        r = gc.input("r", (4, 5), "float64")
+        row = gc.input("row", (5,), "float64")
+        kept = a @ b                                   # also an output: it is computed anyway
+        first = (kept * r).sum()
+        second = ((c @ b) * row).sum()                 # the cotangent broadcasts
+        grads = [*gc.grad(first, [a]), *gc.grad(second, [c])]
+    opt, rewritten = simplified_as_in_the_pipeline([first, second, kept, *grads])
+    assert rewritten == 0 and sum(n.op.kind == "library" for n in opt.nodes.values()) == 4
+    with gc.Graph():
+        a, b, r = gc.input("a", (4, 6), "float64"), gc.input("b", (6, 5), "float64"), gc.input("r", (4, 5), "float64")
+        alone = ((a @ b) * r).sum()                    # no gradient in the graph to read off
+    assert simplified_as_in_the_pipeline([alone])[1] == 0
+
+
+def test_a_cotangent_read_by_many_products_is_not_searched():
+    """Past MAX_READERS readers the search does not look: each sum would otherwise scan every
+    reader of the shared hub, quadratic in a graph of many such sums."""
+    from gradcompiler.passes.simplify.products import MAX_READERS
+
+    with gc.Graph():
+        w = gc.input("w", (6, 5), "float64")
+        r = gc.input("r", (4, 5), "float64")
+        xs = [gc.input(f"x{i}", (4, 6), "float64") for i in range(MAX_READERS)]
+        losses = [((x @ w) * r).sum() for x in xs]
+        grads = [g for x, loss in zip(xs, losses) for g in gc.grad(loss, [x])]
+    assert simplified_as_in_the_pipeline([*losses, *grads])[1] == 0
+    assert simplified_as_in_the_pipeline([losses[0], grads[0]])[1] == 1
 
 
 # -- arithmetic -------------------------------------------------------------------------------
