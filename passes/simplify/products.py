@@ -85,6 +85,8 @@ def _read_off(graph: Graph, product: Node, weight: int) -> tuple[int, int] | Non
 
 @rewrite(Reduce)
 def sum_of_product_from_its_gradient(graph: Graph, node: Node, ctx: PassContext) -> int | None:
+    """sum(product ∘ weight) → sum(operand ∘ G) for a full SUM of a once-read product (module
+    docstring); the product then has no reader left and the driver deletes it."""
     inner = graph[node.inputs[0]]
     if (node.op.mode != "SUM" or len(node.op.reduced_axes(inner.type.ndim)) != inner.type.ndim
             or not isinstance(inner.op, Elemwise) or inner.op.mode != "MUL" or not single_use(graph, inner.id)):
