@@ -254,6 +254,7 @@ def test_a_sum_of_a_product_against_its_cotangent_is_read_off_a_gradient(rng, fl
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_a_compiled_loss_read_off_its_gradient_equals_the_reference(rng, dtype):
     outputs, _ = _product_loss(((2, 7, 3), (2, 3, 9), (2, 7, 9)), (False, False), "ab", dtype)
+    assert simplified_as_in_the_pipeline(outputs)[1] == 1     # the compiled step reads it off too
     feeds = {"a": rng.standard_normal((2, 7, 3)), "b": rng.standard_normal((2, 3, 9)),
              "r": rng.standard_normal((2, 7, 9))}
     feeds = {name: x.astype(dtype) for name, x in feeds.items()}
