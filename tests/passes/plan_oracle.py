@@ -7,7 +7,9 @@ Run as a script, it writes them to `plans_fixture.json`; the fixture was capture
 the planner before the fuse pass was made incremental, so it is the old code's answer,
 with two intended changes since: the spatial_transformer's two warp gradients are one step
 (sibling calls, fuse's module docstring), and attention's loss is summed from V and its
-gradient instead of from the product P·V, which is gone (simplify's `products`).
+gradient instead of from the product P·V, which is gone (simplify's `products`), and the
+cnn's batch-norm gradients store their upstream gradient instead of recomputing it in
+both passes, as does the GPT-like stack at three blocks (fuse's REREAD_LIMIT).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import numpy as np
 import gradcompiler as gc
 from gradcompiler.ops.linalg import MatrixMul
 from gradcompiler.ops.shape import Broadcast, Transpose
-from gradcompiler.passes.fuse import RECOMPUTE_LIMIT, FusedLibrary, FusedLoop
+from gradcompiler.passes.fuse import RECOMPUTE_LIMIT, REREAD_LIMIT, FusedLibrary, FusedLoop
 from gradcompiler.passes.pipeline import optimize
 
 
@@ -162,6 +162,41 @@ def test_cheap_shared_values_are_recomputed_and_expensive_ones_materialised():
     graph, plan, t = plan_for(lambda x: gc.tanh(gc.exp(x)) * 2.0)
     assert RECOMPUTE_LIMIT < 17
     assert t in materialised(plan)
+
+
+def _statistics_and_normalised(make_shared, dtype="float32"):
+    """A batch-norm-like pair: the column sums of a shared value t, then t minus them, a
+    second pass (a reduction over axis 0 cannot share its loop with its readers)."""
+    with gc.Graph():
+        x, y, z = (gc.input(name, (6, 4), dtype) for name in "xyz")
+        row = gc.input("row", (4,), dtype)
+        t = make_shared(x, y, z, row)
+        outputs = [t - gc.sum(t, axis=0, keepdims=True)]
+    graph, ctx = fused(outputs)
+    return outputs, ctx.fusion, t.id
+
+
+def test_a_shared_value_whose_recompute_rereads_many_buffers_is_materialised():
+    """Cheap arithmetic, but recomputing it in the second pass would read three full-size
+    buffers again where materialising it costs one store and one load."""
+    outputs, plan, t = _statistics_and_normalised(lambda x, y, z, row: (x + y) * z)
+    assert REREAD_LIMIT == 2
+    assert t in materialised(plan)
+    assert sum(t in g.computes for g in loop_kernels(plan)) == 1
+    rng = np.random.default_rng(3)
+    feeds = {name: rng.standard_normal((6, 4)).astype(np.float32) for name in "xyz"}
+    feeds["row"] = rng.standard_normal(4).astype(np.float32)
+    shared = (feeds["x"] + feeds["y"]) * feeds["z"]
+    want = shared - shared.sum(axis=0, keepdims=True)
+    np.testing.assert_allclose(gc.compile(outputs)(**feeds)[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_shared_value_reading_few_full_size_buffers_is_recomputed():
+    """Two full-size reads, or a third that is a broadcast row: recomputing is cheaper."""
+    for make_shared in (lambda x, y, z, row: x * y + 1.0, lambda x, y, z, row: (x + y) * row):
+        _, plan, t = _statistics_and_normalised(make_shared)
+        assert t not in materialised(plan)
+        assert sum(t in g.computes for g in loop_kernels(plan)) == 2
 
 
 def test_every_node_is_in_exactly_one_group_and_groups_run_after_their_inputs():
