@@ -21,10 +21,10 @@ would be recomputed: 1 for arithmetic, 4 for division and square roots, 8
 for transcendentals) exceeds RECOMPUTE_LIMIT. Recomputing costs ALU work;
 materialising costs a store and a load of the whole value, which for a
 memory-bound step is the dearer of the two until a transcendental or two
-is involved. Or until the recompute reads more than REREAD_LIMIT buffers of
-the value's size or larger again (smaller ones, a broadcast statistic, are
-not counted): where the two roots run in separate passes, each such buffer
-is read from memory again. A batch norm's gradient is such a pair, its
+is involved, or until the recompute reads more than REREAD_LIMIT buffers
+of the value's size or larger again (smaller ones, a broadcast statistic,
+are not counted): where the two roots run in separate passes, each such
+buffer is read from memory again. A batch norm's gradient is such a pair, its
 statistics reduced over the batch axis and the gradient made in a second
 pass; in the cnn workload the upstream gradient of the stem's batch norm
 sums the residual branches' gradients through three ReLU masks, six 8 MB

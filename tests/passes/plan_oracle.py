@@ -5,9 +5,9 @@ depths and the GPT-like stack at a few blocks, and describes each plan by its ke
 name, kind and fused op labels.
 Run as a script, it writes them to `plans_fixture.json`; the fixture was captured from
 the planner before the fuse pass was made incremental, so it is the old code's answer,
-with two intended changes since: the spatial_transformer's two warp gradients are one step
-(sibling calls, fuse's module docstring), and attention's loss is summed from V and its
-gradient instead of from the product P·V, which is gone (simplify's `products`), and the
+with three intended changes since: the spatial_transformer's two warp gradients are one
+step (sibling calls, fuse's module docstring); attention's loss is summed from V and its
+gradient instead of from the product P·V, which is gone (simplify's `products`); and the
 cnn's batch-norm gradients store their upstream gradient instead of recomputing it in
 both passes, as does the GPT-like stack at three blocks (fuse's REREAD_LIMIT).
 """
