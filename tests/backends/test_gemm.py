@@ -104,12 +104,14 @@ def three_parts(monkeypatch):
                                          (6, 40, 16, 70),    # by items, on Numba's threads
                                          (1, 40, 16, 400),   # by columns, on Numba's threads
                                          (1, 300, 16, 200)])  # by rows (more rows than columns), threads
-def test_every_split_among_threads_equals_numpy(three_parts, rng, dtype, count, m, k, n):
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_every_split_among_threads_equals_numpy(three_parts, rng, dtype, count, m, k, n, transpose_b):
     """The small products run the loops serially (below PARALLEL_MIN_WORK), the last three in
     parallel. Within an item the split is by columns only where there are two panels per part
-    and no more rows than columns."""
+    and no more rows than columns. A row-major B is packed a row at a time across a part's
+    whole panels (from its first column, n0), a transposed one by squares."""
     multiply = gemm.Multiplier()
-    _check(multiply, *_operands(rng, count, m, k, n, dtype, transpose_b=True))
+    _check(multiply, *_operands(rng, count, m, k, n, dtype, transpose_b=transpose_b))
     ((_, by_items, by_columns, _),) = multiply.plans.values()
     columns = n >= 2 * 3 * gemm.panel_width(dtype) and n >= m
     assert (by_items, by_columns) == ((True, False) if count > 2 else (False, columns))
