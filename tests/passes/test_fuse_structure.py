@@ -192,8 +192,10 @@ def test_a_shared_value_whose_recompute_rereads_many_buffers_is_materialised():
 
 
 def test_a_shared_value_reading_few_full_size_buffers_is_recomputed():
-    """Two full-size reads, or a third that is a broadcast row: recomputing is cheaper."""
-    for make_shared in (lambda x, y, z, row: x * y + 1.0, lambda x, y, z, row: (x + y) * row):
+    """Two full-size reads, or a third that is a broadcast row, read directly or through a
+    small value recomputed with it: recomputing is cheaper."""
+    for make_shared in (lambda x, y, z, row: x * y + 1.0, lambda x, y, z, row: (x + y) * row,
+                        lambda x, y, z, row: (x + y) * (row * 2.0)):
         _, plan, t = _statistics_and_normalised(make_shared)
         assert t not in materialised(plan)
         assert sum(t in g.computes for g in loop_kernels(plan)) == 2
