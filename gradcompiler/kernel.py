@@ -223,6 +223,30 @@ class RowPositions:
 
 
 @dataclass(frozen=True)
+class FilledScatter:
+    """The op of a `LibraryStep` that adds rows into a tensor of one repeated value.
+
+    `out = full(shape, c); out[idx] += value` with whole rows (a scatter-add of axis 0 by one
+    index, op-reference §7.3, onto a Fill): the gradient of every gather of rows, an
+    embedding's. The step reads the value and the index alone, and the Fill never gets a
+    buffer of its own (`fuse.scatters_rows_onto_fill`), so a backend may fill and update the
+    destination a block at a time while the block is in cache, rather than fill all of it and
+    come back for each row. Not a graph op: only lowering makes one, for the scatter
+    `scatter` onto the Fill `fill`.
+    """
+
+    scatter: Op
+    fill: Op
+
+    @property
+    def label(self) -> str:
+        return self.scatter.label
+
+    def describe(self) -> str:
+        return f"FilledScatter({self.scatter.describe()}, {self.fill.describe()})"
+
+
+@dataclass(frozen=True)
 class SiblingCalls:
     """The op of a `LibraryStep` that makes the values of several library calls at once.
 
@@ -257,7 +281,7 @@ class LibraryStep:
     the tuple of them for `SiblingCalls`."""
 
     name: str
-    op: Op | RowPositions | SiblingCalls
+    op: Op | RowPositions | SiblingCalls | FilledScatter
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     nodes: tuple[int, ...]

@@ -6,8 +6,9 @@ it can.
 
 What is materialised (the *roots*, each stored or reduced by one kernel):
 graph outputs; reductions; outputs and operands of library ops (matmul,
-gathers, scatters, warps, concat); and elementwise values that several
-roots share and that are expensive to recompute (below). Everything else
+gathers, scatters, warps, concat), but for a Fill that a scatter-add of rows
+updates (below); and elementwise values that several roots share and that
+are expensive to recompute (below). Everything else
 is evaluated where it is used: an elementwise op in registers, a view
 (reshape, broadcast, transpose, slice, add/remove axis, pixel shuffle) as an
 index map of the loop that reads it. So a broadcast is never copied: every
@@ -76,6 +77,13 @@ A forward value recomputed for the backward (`remat`) joins only a loop that
 holds backward work: in a loop of the forward it would be computed, and
 kept, in the forward again; and it is visited just before its first reader.
 
+A scatter-add of whole rows onto a Fill (`scatters_rows_onto_fill`: the
+gradient of a gather of rows, `zeros(table.shape)` with each looked-up row's
+gradient added) does not make the Fill a buffer: the call fills its own
+output (`kernel.FilledScatter`), so the CPU fills and updates it a block of
+rows at a time, in cache, instead of writing all of it in one kernel and
+coming back to each row from memory in the next.
+
 Every node belongs to exactly one group, as the memory pass requires: a
 value recomputed by several loops is listed in the first of them, and each
 loop's `computes` lists everything it evaluates.
@@ -102,7 +110,8 @@ import networkx as nx
 from gradcompiler.cones import ConeWalker, domain_index, domain_of, is_row_local, node_class
 from gradcompiler.ir import Graph, Node
 from gradcompiler.ops.elemwise import Elemwise
-from gradcompiler.ops.source import Constant
+from gradcompiler.ops.indexing import IndexingIncrMultiAxisVec, TensorItem
+from gradcompiler.ops.source import Constant, Fill
 from gradcompiler.view_maps import MultiIndex, is_contiguous_view
 
 from .groups import FusionGroup, FusionPlan
@@ -198,6 +207,13 @@ def is_alias(graph: Graph, node_id: int, materialised: set[int]) -> bool:
     return is_contiguous_view(node.op) and node.inputs[0] in materialised
 
 
+def scatters_rows_onto_fill(graph: Graph, node: Node) -> bool:
+    """Whether `node` is `out = full(shape, c); out[idx] += value` with whole rows: a
+    scatter-add of axis 0 by one index tensor whose data is a Fill (module docstring)."""
+    return (isinstance(node.op, IndexingIncrMultiAxisVec) and node.op.items == (TensorItem(0),)
+            and len(node.inputs) == 3 and isinstance(graph[node.inputs[0]].op, Fill))
+
+
 def mandatory_roots(graph: Graph, outputs: list[int]) -> set[int]:
     """Values that must live in memory whatever the cost (module docstring)."""
     materialised: set[int] = set()
@@ -215,8 +231,10 @@ def mandatory_roots(graph: Graph, outputs: list[int]) -> set[int]:
             materialised.add(node.id)
         elif cls == "library":
             materialised.add(node.id)
-            for i in node.inputs:
-                need(i)
+            filled = scatters_rows_onto_fill(graph, node)
+            for k, i in enumerate(node.inputs):
+                if not (filled and k == 0):
+                    need(i)
     for o in outputs:
         need(o)
     return materialised

@@ -21,6 +21,10 @@ outside the loop needs it, from a per-thread `row` scratch buffer.
 Parameters are numbered in order of first use, so equal structures lower
 to equal kernels whatever their node ids.
 
+A scatter-add of rows onto a Fill (`fuse.scatters_rows_onto_fill`) becomes
+a `FilledScatter` step that reads the value and the index alone: the Fill
+has no buffer, and the call fills its output itself.
+
 A call with siblings (`FusedLibrary.siblings`) becomes one `LibraryStep`
 whose op is a `SiblingCalls`: it reads the union of the calls' inputs and
 writes one buffer per call.
@@ -48,6 +52,7 @@ from gradcompiler.kernel import (
     BufferParam,
     BufferSpec,
     Compute,
+    FilledScatter,
     Instr,
     KernelStep,
     LibraryStep,
@@ -67,7 +72,7 @@ from gradcompiler.ops.reduce import Reduce
 from gradcompiler.ops.shape import FastpathCopy
 from gradcompiler.ops.source import Constant, Fill, Placeholder
 
-from .fuse import FusedLibrary, FusedLoop, cone_buffers
+from .fuse import FusedLibrary, FusedLoop, cone_buffers, scatters_rows_onto_fill
 from .groups import FusionPlan
 from .memory import MemoryPlan
 
@@ -306,8 +311,11 @@ class _ProgramBuilder:
                           and node_class(self.graph[r]) != "reduction"
                           and self.graph[r].type == call.type)
             self.buffer_of[call.id] = self.buffer(target)
-        inputs = tuple(self.buffer(i) for i in call.inputs)
-        self.steps.append(LibraryStep(group.name, call.op, inputs, (self.buffer(call.id),), (call.id,)))
+        op, operands = call.op, call.inputs
+        if scatters_rows_onto_fill(self.graph, call):
+            op, operands = FilledScatter(call.op, self.graph[call.inputs[0]].op), call.inputs[1:]
+        inputs = tuple(self.buffer(i) for i in operands)
+        self.steps.append(LibraryStep(group.name, op, inputs, (self.buffer(call.id),), (call.id,)))
         if epilogue is not None:
             self.add_loop(epilogue)
 

@@ -27,6 +27,19 @@ kept axes are disjoint), so they land in one thread, which visits them in
 increasing `p`: duplicates accumulate in the value's row-major order, the
 order np.add.at uses, so results are bitwise those of the reference. Set
 uses the same partition, so the last write in row-major order wins (§7.3).
+
+A scatter-add of rows onto a Fill (`kernel.FilledScatter`, the embedding's
+gradient) fills its output itself, a block of FILL_BLOCK_BYTES of rows at a
+time: each thread owns a range of blocks, buckets the lookups that land in
+it by block (a counting sort that keeps increasing p, so the order of
+duplicates, and the result, are those above), then fills each block and adds
+its rows while the block is in cache, asking for the value's rows
+GATHER_AHEAD lookups ahead (they are scattered over the whole value). Against
+filling the whole table in a loop kernel of its own and then coming back for
+each looked-up row, the embedding step took 0.941-0.956 of its time (medians
+of 240 steps, the two plans alternated in one process, three times; a 2-core
+AMD EPYC); the prefetch took the call from 2.0 to 1.7 ms in a per-call
+profile. Blocks of 64 KB to 512 KB ran alike; 1 MB and more, slower.
 """
 
 from __future__ import annotations
@@ -39,7 +52,7 @@ import numpy as np
 from numba import njit, prange
 
 from ...errors import IndexOutOfRangeError
-from ...kernel import RowPositions
+from ...kernel import FilledScatter, RowPositions
 from ...ops.indexing import (
     IndexingIncrMultiAxisVec,
     IndexingMultiAxisVec,
@@ -181,6 +194,53 @@ def _scatter(out, value, pos, pre_offsets, post_offsets, run, run_stride, parts,
                              np.uint64((a * n_pos + p) * row + o * run), run, accumulate)
 
 
+FILL_BLOCK_BYTES = 256 * 1024
+"""Bytes of destination rows a filled scatter fills and updates at a time: well inside a
+core's L2, so a block's rows are in cache while its lookups update them."""
+
+
+@ParallelLoop
+def _scatter_rows_onto_fill(out, value, pos, row, fill, block_rows, parts):
+    """out[:] = fill, then out[pos[p] + b] += value[p·row + b] for b < row, p in order.
+
+    Part t (one per thread) owns a contiguous range of blocks of `block_rows` rows; it
+    buckets its lookups by block, in increasing p, then fills each block and adds them.
+    """
+    n_rows = out.size // row
+    n_blocks = (n_rows + block_rows - 1) // block_rows
+    per_part = (n_blocks + parts - 1) // parts
+    span = block_rows * row
+    for part in prange(parts):
+        first, last = part * per_part, min((part + 1) * per_part, n_blocks)
+        if first >= last:
+            continue
+        low, high = first * span, min(last * block_rows, n_rows) * row
+        starts = np.zeros(last - first + 1, np.int64)
+        for p in range(pos.size):
+            if low <= pos[p] < high:
+                starts[(pos[p] - low) // span + 1] += 1
+        for b in range(last - first):
+            starts[b + 1] += starts[b]
+        order = np.empty(starts[last - first], np.int64)
+        cursor = starts[:-1].copy()
+        for p in range(pos.size):
+            if low <= pos[p] < high:
+                b = (pos[p] - low) // span
+                order[cursor[b]] = p
+                cursor[b] += 1
+        for b in range(last - first):
+            for q in range(np.uint64(low + b * span), np.uint64(min(low + (b + 1) * span, high))):
+                out[q] = fill
+            line = max(CACHE_LINE // value.itemsize, 1)
+            for k in range(starts[b], starts[b + 1]):
+                if k + GATHER_AHEAD < order.size:
+                    ahead = np.uint64(order[k + GATHER_AHEAD] * row)
+                    for c in range(0, row, line):
+                        prefetch_read(value, ahead + np.uint64(c))
+                p = order[k]
+                _add_run(out, np.uint64(pos[p]), np.uint64(1), value, np.uint64(p * row), row, True)
+
+
 # -- advanced indexing: the canonical form -----------------------------------------------------
 
 
@@ -306,6 +366,24 @@ def _scatter_kernel(op, accumulate: bool) -> LibraryKernel:
 @library_kernel.register
 def _indexing_incr_multi_axis_vec(op: IndexingIncrMultiAxisVec) -> LibraryKernel:
     return _scatter_kernel(op, accumulate=True)
+
+
+@library_kernel.register
+def _filled_scatter(op: FilledScatter) -> LibraryKernel:
+    """`full(shape, c)` with rows added (module docstring): the value is (idx..., row...)."""
+    region = _AdvancedRegion(op.scatter)
+    shape = op.fill.shape
+    row = math.prod(shape[1:])
+
+    def filled_scatter(value: np.ndarray, index: np.ndarray, *, out: np.ndarray) -> None:
+        _, pos = region.positions(shape, (index,))     # checks before any write
+        if row == 0:
+            return
+        block_rows = max(FILL_BLOCK_BYTES // (row * out.itemsize), 1)
+        _scatter_rows_onto_fill(out.size, out.reshape(-1), _flat(value), pos, row,
+                                out.dtype.type(op.fill.value), block_rows, partition_count(out.size))
+
+    return filled_scatter
 
 
 @library_kernel.register

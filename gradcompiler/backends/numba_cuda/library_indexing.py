@@ -9,7 +9,7 @@ broadcast to the index block and read at `block(o)`. A gather reads data
 at that offset; a scatter writes value element `o` there:
 
 * IndexingIncrMultiAxisVec adds with atomics, so repeated positions
-  accumulate;
+  accumulate (a `kernel.FilledScatter` fills its output, then adds alike);
 * IndexingSetMultiAxisVec keeps the reference's last-write-wins order
   deterministic on a GPU: every value element first claims its position
   with an atomic max of its own number, then only the winner writes;
@@ -33,6 +33,7 @@ from numba import cuda
 from ...errors import DTypeError
 from ...index_expr import strides as row_major
 from ...ir import Op, TensorType
+from ...kernel import FilledScatter
 from ...ops.indexing import (
     IndexingIncrMultiAxisVec,
     IndexingMultiAxisVec,
@@ -192,9 +193,13 @@ class _Scatter:
         self._winner: Any = None  # last_wins: the claim of each output position, allocated once
 
     def __call__(self, data: Any, value: Any, *indices: Any, out: Any, stream: Any = 0) -> None:
-        config = self.config
         args = self.region.arguments(indices, stream)  # checked before out is touched
-        copy(to_device(data, stream), out, config, stream)
+        copy(to_device(data, stream), out, self.config, stream)
+        self.write(value, args, out, stream)
+
+    def write(self, value: Any, args: tuple, out: Any, stream: Any) -> None:
+        """The value into the region of `out`, which holds the data already."""
+        config = self.config
         if not self.region.size:
             return
         value, target = flat(to_device(value, stream)), flat(out)
@@ -224,6 +229,24 @@ def _incr_multi_axis(op: IndexingIncrMultiAxisVec, input_types: Sequence[TensorT
         raise DTypeError(f"the CUDA scatter-add needs atomic adds, which {input_types[0].dtype.name} "
                          f"lacks; cast to one of {[d.name for d in ATOMIC_ADD_DTYPES]}", op=op.label)
     return _Scatter(_region_map(op, input_types[0], input_types[2:], config), "add", config)
+
+
+class _FilledScatter:
+    """`kernel.FilledScatter`: out = full(shape, c), then the scatter-add's atomic adds."""
+
+    def __init__(self, scatter: _Scatter, value: float):
+        self.scatter, self.value = scatter, value
+
+    def __call__(self, value: Any, index: Any, *, out: Any, stream: Any = 0) -> None:
+        args = self.scatter.region.arguments((index,), stream)  # checked before out is touched
+        fill(out, self.value, self.scatter.config, stream)
+        self.scatter.write(value, args, out, stream)
+
+
+@cuda_library_kernel.register
+def _filled_scatter(op: FilledScatter, input_types: Sequence[TensorType], config: LaunchConfig) -> Launcher:
+    data = TensorType(op.fill.shape, op.fill.dtype)
+    return _FilledScatter(_incr_multi_axis(op.scatter, (data, *input_types), config), op.fill.value)
 
 
 @cuda_library_kernel.register
