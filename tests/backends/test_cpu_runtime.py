@@ -13,6 +13,7 @@ import pytest
 import gradcompiler as gc
 from gradcompiler.backends.numba_cpu.runtime import ALIGN, output_homes
 from gradcompiler.errors import BackendUnavailableError, FeedError, IndexOutOfRangeError, NonFiniteError
+from gradcompiler.kernel import FilledScatter, LibraryStep
 
 from oracle import assert_close
 
@@ -237,14 +238,17 @@ def _embedding_step(lookups: int, dtype: str):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("lookups", [9, 0])
-def test_a_scatter_add_into_a_zero_fill_runs_in_the_output_array(rng, dtype, lookups):
-    """The fill shares the gradient's storage, so it is written into the caller's array and the
-    scatter-add updates it in place (no internal buffer, no copy): with repeated and negative
-    indices, a NaN row, no lookups at all, and an out= array holding garbage."""
+def test_a_scatter_add_into_a_zero_fill_writes_the_output_array(rng, dtype, lookups):
+    """The scatter-add fills its own output (`kernel.FilledScatter`), and that output is the
+    caller's array: no buffer for the zeros, no internal buffer for the gradient, no copy;
+    with repeated and negative indices, a NaN row, no lookups at all, and an out= array
+    holding garbage."""
     outputs = _embedding_step(lookups, dtype)
     step = gc.compile(outputs)
-    homes = output_homes(step.program)
-    assert homes and set(homes.values()) == {step.program.outputs[1]}
+    (call,) = [s for s in step.program.steps if isinstance(s, LibraryStep) and isinstance(s.op, FilledScatter)]
+    assert call.outputs == (step.program.outputs[1],)
+    assert not any(spec.node == step.graph[call.nodes[0]].inputs[0] for spec in step.program.buffers)
+    assert not output_homes(step.program)
     table = rng.standard_normal((7, 3)).astype(dtype)
     table[4] = np.nan
     feeds = dict(table=table, idx=np.array([4, 0, -3, 0, 6, 4, 1, -7, 0][:lookups], np.int64),
