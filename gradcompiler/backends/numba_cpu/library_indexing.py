@@ -36,10 +36,12 @@ duplicates, and the result, are those above), then fills each block and adds
 its rows while the block is in cache, asking for the value's rows
 GATHER_AHEAD lookups ahead (they are scattered over the whole value). Against
 filling the whole table in a loop kernel of its own and then coming back for
-each looked-up row, the embedding step took 0.941-0.956 of its time (medians
-of 240 steps, the two plans alternated in one process, three times; a 2-core
-AMD EPYC); the prefetch took the call from 2.0 to 1.7 ms in a per-call
-profile. Blocks of 64 KB to 512 KB ran alike; 1 MB and more, slower.
+each looked-up row, the embedding step took 0.941-1.004 of its time, 0.975
+in the middle of nine runs (medians of 240 steps, the two plans alternated in
+one process; a 2-core AMD EPYC, whose timings drifted by a fifth between
+runs); the prefetch took the call from 2.0 to 1.7 ms in a per-call profile.
+Blocks of 64 KB to 512 KB ran alike; 1 MB and more, slower. A zero fill
+written as a constant (a memset) gained nothing.
 """
 
 from __future__ import annotations
