@@ -212,6 +212,7 @@ def _scatter_rows_onto_fill(out, value, pos, row, fill, block_rows, parts):
     n_blocks = (n_rows + block_rows - 1) // block_rows
     per_part = (n_blocks + parts - 1) // parts
     span = block_rows * row
+    line = max(CACHE_LINE // value.itemsize, 1)
     for part in prange(parts):
         first, last = part * per_part, min((part + 1) * per_part, n_blocks)
         if first >= last:
@@ -233,7 +234,6 @@ def _scatter_rows_onto_fill(out, value, pos, row, fill, block_rows, parts):
         for b in range(last - first):
             for q in range(np.uint64(low + b * span), np.uint64(min(low + (b + 1) * span, high))):
                 out[q] = fill
-            line = max(CACHE_LINE // value.itemsize, 1)
             for k in range(starts[b], starts[b + 1]):
                 if k + GATHER_AHEAD < order.size:
                     ahead = np.uint64(order[k + GATHER_AHEAD] * row)
