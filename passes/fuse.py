@@ -231,10 +231,8 @@ def mandatory_roots(graph: Graph, outputs: list[int]) -> set[int]:
             materialised.add(node.id)
         elif cls == "library":
             materialised.add(node.id)
-            filled = scatters_rows_onto_fill(graph, node)
-            for k, i in enumerate(node.inputs):
-                if not (filled and k == 0):
-                    need(i)
+            for i in node.inputs[1:] if scatters_rows_onto_fill(graph, node) else node.inputs:
+                need(i)
     for o in outputs:
         need(o)
     return materialised
