@@ -128,8 +128,9 @@ class _LoopEmitter(ConeWalker[int]):
                 # so LLVM sees one pointer; two parameters holding the same array fail the
                 # vectoriser's run-time overlap check and the loop runs scalar (4x slower)
                 self.param_of[key] = shared
-                if role == "out":
+                if role == "out":  # bound to the output's buffer: the step writes that one
                     self.params[shared] = BufferParam("out", np.dtype(dtype), int(size))
+                    self.args[shared] = buffer
             else:
                 self.param_of[key] = len(self.params)
                 self.params.append(BufferParam(role, np.dtype(dtype), int(size)))
@@ -137,11 +138,13 @@ class _LoopEmitter(ConeWalker[int]):
         return self.param_of[key]
 
     def _param_of_buffer(self, role: str, dtype: np.dtype, size: int, buffer: int | None) -> int | None:
-        """The in/out parameter already bound to `buffer` with the same type, if any."""
+        """The in/out parameter already bound to `buffer`'s memory with the same type, if any."""
         if buffer is None or role not in ("in", "out"):
             return None
+        memory = self.program.memory_of(buffer)
         for index, (param, arg) in enumerate(zip(self.params, self.args)):
-            if arg == buffer and param.role in ("in", "out") and param.dtype == dtype and param.size == size:
+            if (arg is not None and param.role in ("in", "out") and param.dtype == dtype and param.size == size
+                    and self.program.memory_of(arg) == memory):
                 return index
         return None
 
@@ -281,6 +284,17 @@ class _ProgramBuilder:
                 spec = BufferSpec(t.shape, t.dtype, "temp", node_id, storage=storage)
             self._add(spec, node_id)
         return self.buffer_of[node_id]
+
+    def memory_of(self, buffer: int) -> tuple[str, int]:
+        """Where `buffer`'s elements live: its memory plan storage, else its own (or, for a
+        view, its root's) buffer. Two buffers of one storage with one dtype and size are one
+        array at run time (the arena's first bytes, or the output array the arena's place
+        hands over to); within one kernel that is an output written over the input that dies
+        there (`memory._in_place_safe`), or a view read beside its root."""
+        spec = self.buffers[buffer]
+        root = spec.alias_of if spec.alias_of is not None else buffer
+        storage = self.buffers[root].storage
+        return ("storage", storage) if storage is not None else ("buffer", root)
 
     def scalar_buffer(self, node: Node) -> int:
         """A one-element constant buffer holding a Fill's or a one-element constant's value."""
