@@ -245,14 +245,24 @@ def _backward_left_behind(*_args):
 
 
 def _portable(graph: Graph) -> Graph:
-    """A copy of `graph` to pickle: each custom gradient's callable replaced by a module-level
-    stand-in, so that plain `pickle` takes the graph even where the backward is a lambda."""
+    """A copy of `graph` to pickle: each custom gradient's callable that pickle cannot name (a
+    lambda, a closure) replaced by a module-level stand-in, so that plain `pickle` takes the
+    graph even where the backward is a lambda. A module-level backward (batch_norm's) stays."""
     clone = graph.copy()
     for node in graph.nodes.values():
-        if isinstance(node.op, CustomGradient):
+        if isinstance(node.op, CustomGradient) and not _named_function(node.op.backward):
             op = dataclasses.replace(node.op, backward=_backward_left_behind)
             clone.nodes[node.id] = dataclasses.replace(node, op=op)
     return clone
+
+
+def _named_function(function) -> bool:
+    """Whether pickle stores `function` by reference: its module's attribute of its name is it."""
+    module = sys.modules.get(getattr(function, "__module__", None) or "")
+    found = module
+    for part in getattr(function, "__qualname__", "<").split("."):
+        found = getattr(found, part, None)
+    return module is not None and found is function
 
 
 def _compiled(recipe: _Recipe) -> Executable:

@@ -27,7 +27,10 @@ What follows from building it as one CustomGradient node (ops/custom.py):
   clipped gradient) makes jvp raise, naming the composite;
 - `gc.check_grads` refuses, unless told `custom_gradients="check"`, to compare
   a user's backward with finite differences (an intentional difference, a
-  straight-through estimator, would read as a bug);
+  straight-through estimator, would read as a bug), except a backward
+  declared `exact=True`: the true derivative computed another way, as
+  `gc.batch_norm`'s is (in two passes over memory where the differentiated
+  composite takes three);
 - fusion sees only ordinary nodes (the node is removed before the passes run),
   and DOT dumps draw the forward and the backward as labelled clusters.
 
@@ -45,9 +48,13 @@ from .ir import call_site
 from .ops.custom import CustomGradient
 
 
-def custom_gradient(forward: Callable) -> Callable:
+def custom_gradient(forward: Callable | None = None, *, exact: bool = False) -> Callable:
     """Decorate `forward` (module docstring): its calls build a composite whose gradient is
-    the backward it returns."""
+    the backward it returns. `@custom_gradient(exact=True)` states that the backward is the
+    composite's true derivative, only built another way (in fewer passes over memory, say):
+    check_grads then compares it with finite differences like any other gradient."""
+    if forward is None:
+        return functools.partial(custom_gradient, exact=exact)
     name = getattr(forward, "__name__", "custom")
 
     @functools.wraps(forward)
@@ -64,7 +71,7 @@ def custom_gradient(forward: Callable) -> Callable:
                 if value.graph is not graph:
                     raise GraphError(f"custom_gradient '{name}': its Tensors come from different "
                                      "graphs", site=call_site())
-            op = CustomGradient(backward, name, len(arguments), len(residuals))
+            op = CustomGradient(backward, name, len(arguments), len(residuals), exact)
             return apply(op, *arguments, *residuals, output)
 
     return composite

@@ -133,7 +133,7 @@ def check_grads(outputs, wrt, feeds: Mapping[str, Any], order: int = 1, eps: flo
     A gradient that passes through a `gc.custom_gradient` is the user's own and may differ
     from the true one on purpose (a straight-through estimator), so by default such a check
     is refused with a GraphError naming the composites; `custom_gradients="check"` compares
-    it like any other.
+    it like any other. A composite declared `exact` (`gc.batch_norm`'s) is always compared.
     """
     if custom_gradients not in ("refuse", "check"):
         raise ValueError("custom_gradients must be 'refuse' or 'check'")
@@ -164,7 +164,7 @@ def check_grads(outputs, wrt, feeds: Mapping[str, Any], order: int = 1, eps: flo
 def _refuse_custom_gradients(outs: list[Tensor], wrts: list[Tensor]) -> None:
     graph = outs[0].graph
     between = graph.ancestors([o.id for o in outs]) & graph.descendants([w.id for w in wrts])
-    custom = [graph[n] for n in sorted(between) if isinstance(graph[n].op, CustomGradient)]
+    custom = [graph[n] for n in sorted(between) if isinstance(graph[n].op, CustomGradient) and not graph[n].op.exact]
     if custom:
         named = ", ".join(f"'{n.op.label_name}' (built at {n.site})" for n in custom)
         raise GraphError(

@@ -34,6 +34,7 @@ class CustomGradient(Op):
     label_name: str
     arguments: int
     residuals: int
+    exact: bool = False  # the backward is the composite's true derivative (check_grads checks it)
 
     kind = "elementwise"
     arity = None
@@ -43,7 +44,8 @@ class CustomGradient(Op):
         return f"CustomGradient {self.label_name}"
 
     def params(self) -> dict:
-        return {"name": self.label_name, "arguments": self.arguments, "residuals": self.residuals}
+        return {"name": self.label_name, "arguments": self.arguments, "residuals": self.residuals,
+                "exact": self.exact}
 
     def infer(self, *inputs: TensorType) -> TensorType:
         if len(inputs) != self.arguments + self.residuals + 1:

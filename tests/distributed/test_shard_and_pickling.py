@@ -1,6 +1,7 @@
 """Without Ray: splitting a batch, the graph re-specialised to a shard (a reshape that keeps
 the batch on axis 0 follows it; one that bakes it in is an error naming the node), a compiled
-step and a training step through pickle, and the error where Ray is missing."""
+step and a training step through pickle (a custom gradient's backward with them when pickle can
+name it), and the error where Ray is missing."""
 
 from __future__ import annotations
 
@@ -124,6 +125,23 @@ def test_a_train_step_with_a_lambda_custom_gradient_pickles(rng):
     assert custom, "the composite's node travels"
     with pytest.raises(gc.GraphError, match="backward functions stay behind"):
         custom[0].op.backward(None)
+
+
+def test_a_module_level_backward_travels_with_a_pickled_graph(rng):
+    """batch_norm's backward is a module-level function: pickle names it, so the unpickled
+    graph keeps it (and can still be differentiated), where a lambda's stays behind."""
+    from gradcompiler.frontend.conv import _normalised_backward
+
+    with gc.Graph("bn"):
+        x, t = gc.param("x", (B, 3), "float64"), gc.input("t", (B, 3), "float64")
+        loss = (gc.batch_norm(x) * t).sum()
+    step = gc.compile([loss, *gc.grad(loss, [x])])
+    copy = pickle.loads(pickle.dumps(step))
+    custom = [n for n in copy.recipe.graph.nodes.values() if n.op.name == "CustomGradient"]
+    assert [n.op.backward for n in custom] == [_normalised_backward]
+    feeds = {"x": rng.standard_normal((B, 3)), "t": rng.standard_normal((B, 3))}
+    for got, want in zip(copy(**feeds), step(**feeds)):
+        assert_close(got, want, rtol=0)
 
 
 def test_without_ray_a_data_parallel_trainer_says_how_to_install_it(monkeypatch):

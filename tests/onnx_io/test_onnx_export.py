@@ -72,6 +72,23 @@ def test_exported_cnn_training_step_runs_in_onnxruntime(rng, tmp_path):
     assert ops.count("Conv") == 2 and {"MaxPool", "ScatterElements"} <= set(ops)
 
 
+def test_exported_training_mode_batch_norm_step_runs_in_onnxruntime(rng, tmp_path):
+    """Training-mode batch norm has a backward of its own (a custom gradient): its node exports
+    as the Identity of its forward value, and the backward as the ops it is made of."""
+    with gc.Graph("bn_train"):
+        x = gc.input("x", (4, 3, 2, 5))
+        gamma, beta = gc.param("gamma", (3,)), gc.param("beta", (3,))
+        t = gc.input("t", (4, 3, 2, 5))
+        loss = (gc.relu(gc.batch_norm(x, gamma, beta)) * t).sum()
+        outputs = [loss, *gc.grad(loss, [x, gamma, beta])]
+    feeds = {"x": rng.standard_normal((4, 3, 2, 5)).astype(np.float32),
+             "t": rng.standard_normal((4, 3, 2, 5)).astype(np.float32),
+             "gamma": rng.standard_normal(3).astype(np.float32),
+             "beta": rng.standard_normal(3).astype(np.float32)}
+    model = _check_against_onnxruntime(outputs, feeds, tmp_path)
+    assert "Identity" in {n.op_type for n in model.graph.node}
+
+
 @pytest.mark.parametrize("ceil_mode", [False, True])
 def test_exported_convolution_and_pooling_gradients_run_in_onnxruntime(rng, tmp_path, ceil_mode):
     """Grouped, strided, dilated, padded convolutions and both average modes: every export

@@ -108,6 +108,20 @@ def test_check_grads_refuses_a_custom_gradient_unless_told():
         gc.check_grads(loss, x, {"x": X}, custom_gradients="check")
 
 
+def test_check_grads_compares_a_backward_declared_exact():
+    """exact=True says the backward is the true derivative: check_grads compares it unasked,
+    and so still catches one that is not (here the straight-through estimator)."""
+    exact_logsumexp = gc.custom_gradient(exact=True)(logsumexp.__wrapped__)
+    exact_ste = gc.custom_gradient(exact=True)(ste_round.__wrapped__)
+    with gc.Graph("exact"):
+        x = gc.param("x", (3, 5), "float64")
+        good = (exact_logsumexp(x) * gc.sin(x)).sum()
+        bad = (exact_ste(x * 3.0) * x).sum()
+    gc.check_grads(good, x, {"x": X})
+    with pytest.raises(AssertionError, match="gradient check"):
+        gc.check_grads(bad, x, {"x": X})
+
+
 def test_a_backward_that_captures_instead_of_naming_residuals_is_refused_on_a_copy():
     """check_grads differentiates a float64 copy: a Tensor the closure captured belongs to the
     original graph, and the message says to return it as a residual."""
