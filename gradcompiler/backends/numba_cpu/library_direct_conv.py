@@ -58,6 +58,17 @@ fixed tap, a run of one output row is a contiguous run of the buffer.
 
 The batch goes to the threads in spans of images (`library.thread_spans`), each thread with
 buffers of its own.
+
+The forward asks for the next image while it computes the current one (`_prefetch_share`):
+each tile asks for its share of the next image's lines of x, to copy into the padded buffer,
+and, where the tiles store into the output, of its output lines, for ownership. The copy
+otherwise meets x in memory one page at a time (the prefetchers stop at each 4 KB page), and
+the tiles' stores each wait for their line. 32 → 32 channels on 32 × 32 pixels, 64 images,
+float32, two threads, inputs rotated through 67 MB so that each call finds them in memory, as
+in a step: the forward in 0.94 of the time, its transposed data gradient in 0.92, the stride-2
+forward in 0.95 (alternated in one process); the cnn step in 0.955-0.989 of its time, the
+medians of three runs of nine alternated rounds. The filter gradient and the strided data
+gradient gained 0-2%, and ask for nothing.
 """
 
 from __future__ import annotations
@@ -70,6 +81,7 @@ from numba import njit
 from ...ops.conv import Geometry
 from . import gemm  # its names are read when first used: gemm imports library, which imports this
 from .library import in_spans, thread_spans
+from .prefetch import CACHE_LINE, prefetch_read, prefetch_write
 
 MIN_CHANNELS = 16
 """Channels below which the tile's rows (the forward's output channels, the filter gradient's
@@ -150,6 +162,21 @@ def _tile(tile, a, a_offset, a_row_step, a_k_step, a_terms, image, plane, b_term
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _prefetch_share(flat, start, size, share, shares, write):
+    """Ask for the lines of run `share` of `shares` equal runs of flat[start:start + size]
+    (`prefetch`), to be written if `write`, else read: called once per tile of an image with
+    the next image's range, it spreads that image's lines over the tiles (module docstring)."""
+    step = CACHE_LINE // flat.itemsize
+    run = -(-size // (step * shares)) * step
+    first = start + share * run
+    for i in range(first, min(first + run, start + size), step):
+        if write:
+            prefetch_write(flat, i)
+        else:
+            prefetch_read(flat, i)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def _forward_images(x, w, y, first, stop, image, target, in_place, tiles, a_terms, b_terms, pad_h, pad_w, stride_h,
                     stride_w, pitch, plane):
     """y[first:stop] = the convolution of x's images with the filter rows w (O rounded up to MR,
@@ -159,11 +186,19 @@ def _forward_images(x, w, y, first, stop, image, target, in_place, tiles, a_term
     outputs, out_h, out_w = y.shape[1], y.shape[2], y.shape[3]
     rows, depth = w.shape[0], x.shape[1]
     row_step = out_h * out_w if in_place else target.size // rows
+    pixels, calls = x.reshape(-1), -(-rows // gemm.MR) * tiles.shape[0]
+    image_size, out_size = x[0].size, outputs * out_h * out_w
     for n in range(first, stop):
         _pad_image(x, n, image, pad_h, pad_w, stride_h, stride_w, pitch, plane)
         base = n * outputs * row_step if in_place else 0
+        call = 0
         for o0 in range(0, rows, gemm.MR):
             for t in range(tiles.shape[0]):
+                if n + 1 < stop:  # the next image's share of lines: its pixels, and its outputs' lines
+                    _prefetch_share(pixels, (n + 1) * image_size, image_size, call, calls, False)
+                    if in_place:
+                        _prefetch_share(target, (n + 1) * out_size, out_size, call, calls, True)
+                call += 1
                 _tile(tiles[t], w, o0 * w.shape[1], w.shape[1], a_terms.size, a_terms, image, plane, b_terms, target,
                       base + o0 * row_step, row_step, depth)
         if not in_place:
