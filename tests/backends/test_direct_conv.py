@@ -149,7 +149,8 @@ def buffers(plan) -> list:
     if isinstance(plan, library_direct_conv.PhasedDataGradient):
         return [part for parts in plan.buffers for part in parts]
     return [*(plan.forward_images or ()), *(plan.forward_sums or ()),
-            *(part for parts in plan.filter_buffers or () for part in parts)]
+            *(part for parts in plan.filter_buffers or () for part in parts),
+            *(() if plan.filter_sums is None else (plan.filter_sums,))]
 
 
 @pytest.mark.parametrize("case", ["same_odd", "uneven_padding", "stride_two_three", "strided_rows", "wide_rows"])
@@ -174,6 +175,29 @@ def test_direct_over_threads_reusing_buffers(case, rng, parallel_loops):
             assert plan.threads == 2 and by_direct(kernel)
             for buffer in buffers(plan):
                 buffer.fill(np.nan)
+
+
+def test_the_filter_gradient_does_not_depend_on_which_thread_takes_which_span(rng, parallel_loops,
+                                                                             monkeypatch):
+    """Threads take spans of images as they come free (`in_spans`). Each span sums into sums of
+    its own, added in span order, so the result is bitwise the same when one thread takes
+    every span (sums per thread rounded differently: 1e-4 apart in the cnn's stride-2 filter
+    gradient, between two calls)."""
+    _, _, filt, x_shape, _, y_shape = ops("rows_of_tiles")
+    x = rng.standard_normal((12, *x_shape[1:])).astype(np.float32)
+    dy = rng.standard_normal((12, *y_shape[1:])).astype(np.float32)
+    kernel = run(filt, x, dy)
+    assert kernel.direct_plan.threads == 2 and len(kernel.direct_plan.spans) > 2
+    shared = np.empty(filt.infer(TensorType(x.shape, x.dtype), TensorType(dy.shape, dy.dtype)).shape, np.float32)
+    kernel(x, dy, out=shared)
+
+    def one_thread(work, spans, threads=None):
+        return [work(0, *span) for span in spans]
+
+    monkeypatch.setattr(library_direct_conv, "in_spans", one_thread)
+    alone = np.empty_like(shared)
+    kernel(x, dy, out=alone)
+    np.testing.assert_array_equal(alone, shared)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference's inf - inf, 0 * inf

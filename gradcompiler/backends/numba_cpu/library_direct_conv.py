@@ -377,6 +377,7 @@ class DirectConvolution:
         self.forward_images: list | None = None
         self.forward_sums: list | None = None
         self.filter_buffers: list | None = None
+        self.filter_sums: np.ndarray | None = None
 
     def _row_tiles(self) -> np.ndarray | None:
         """The forward's tiles in place (`_row_tiles`, outputs at their place in y), or None where
@@ -412,26 +413,29 @@ class DirectConvolution:
     def backward_filter(self, x: np.ndarray, dy: np.ndarray, out: np.ndarray) -> None:
         """out = the filter gradient of the convolution of x (x and dy C-contiguous). dy is
         transposed where it lies when its channels and pixels are whole vectors; else each
-        thread spreads it into rows padded with zeros first."""
+        thread spreads it into rows padded with zeros first. Each span of images sums into
+        sums of its own, added in span order: threads take spans as they come free
+        (`in_spans`), and sums per thread made the result's rounding depend on which took
+        which (the cnn's stride-2 filter gradient differed by 1e-4 between calls)."""
         g, outputs = self.g, self.filter_outputs
         if self.filter_buffers is None:
             pixels = g.out[0] * g.out[1]
             length = _round_up(pixels, self.lanes)
             spread = 0 if pixels % self.lanes == 0 and g.o % self.lanes == 0 else outputs
             self.filter_buffers = [(self._images(self.channels_up), np.zeros((spread, length), self.dtype),
-                                    np.empty(length * outputs, self.dtype),
-                                    np.empty((len(self.taps), self.channels_up, outputs), self.dtype))
-                                   for _ in range(self.threads)]
-        for *_, sums in self.filter_buffers:
-            sums[...] = 0
+                                    np.empty(length * outputs, self.dtype)) for _ in range(self.threads)]
+            self.filter_sums = np.empty((len(self.spans), len(self.taps), self.channels_up, outputs), self.dtype)
+        span_of = {first: k for k, (first, _) in enumerate(self.spans)}
 
         def span(part, first, stop):
-            image, spread, rows, sums = self.filter_buffers[part]
+            image, spread, rows = self.filter_buffers[part]
+            sums = self.filter_sums[span_of[first]]
+            sums[...] = 0
             _filter_gradient_images(x, dy, first, stop, image, spread, rows, sums, self.filter_offsets,
                                     self.row_starts, self.row_runs, *self.layout)
 
         in_spans(span, self.spans, self.threads)
-        total = np.sum([sums for *_, sums in self.filter_buffers], axis=0)[:, :g.c, :g.o]
+        total = self.filter_sums.sum(axis=0)[:, :g.c, :g.o]
         out[...] = np.moveaxis(total, 0, 2).transpose(1, 0, 2).reshape(g.w_shape)
 
 
