@@ -191,14 +191,13 @@ def _forward_images(x, w, y, first, stop, image, target, in_place, tiles, a_term
     for n in range(first, stop):
         _pad_image(x, n, image, pad_h, pad_w, stride_h, stride_w, pitch, plane)
         base = n * outputs * row_step if in_place else 0
-        call = 0
         for o0 in range(0, rows, gemm.MR):
             for t in range(tiles.shape[0]):
                 if n + 1 < stop:  # the next image's share of lines: its pixels, and its outputs' lines
+                    call = o0 // gemm.MR * tiles.shape[0] + t
                     _prefetch_share(pixels, (n + 1) * image_size, image_size, call, calls, False)
                     if in_place:
                         _prefetch_share(target, (n + 1) * out_size, out_size, call, calls, True)
-                call += 1
                 _tile(tiles[t], w, o0 * w.shape[1], w.shape[1], a_terms.size, a_terms, image, plane, b_terms, target,
                       base + o0 * row_step, row_step, depth)
         if not in_place:
@@ -370,6 +369,7 @@ class DirectConvolution:
         self.row_tiles = self._row_tiles()
         self.row_starts = np.arange(out_h, dtype=np.int64) * self.pitch
         self.spans, self.threads = _spans(g)
+        self.span_of = {first: k for k, (first, _) in enumerate(self.spans)}  # a span's number, by its start
         self.layout = (pad_h, pad_w, stride_h, stride_w, self.pitch, self.plane)
         self.filters = np.zeros((self.rows, g.c * len(taps)), dtype)  # rows past O stay zero
         self.filter_outputs = _round_up(g.o, width)
@@ -425,11 +425,10 @@ class DirectConvolution:
             self.filter_buffers = [(self._images(self.channels_up), np.zeros((spread, length), self.dtype),
                                     np.empty(length * outputs, self.dtype)) for _ in range(self.threads)]
             self.filter_sums = np.empty((len(self.spans), len(self.taps), self.channels_up, outputs), self.dtype)
-        span_of = {first: k for k, (first, _) in enumerate(self.spans)}
 
         def span(part, first, stop):
             image, spread, rows = self.filter_buffers[part]
-            sums = self.filter_sums[span_of[first]]
+            sums = self.filter_sums[self.span_of[first]]
             sums[...] = 0
             _filter_gradient_images(x, dy, first, stop, image, spread, rows, sums, self.filter_offsets,
                                     self.row_starts, self.row_runs, *self.layout)
