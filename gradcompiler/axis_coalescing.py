@@ -84,13 +84,14 @@ def _merge(kernel: LoopKernel, k: int) -> LoopKernel | None:
         reductions = tuple(dataclasses.replace(r, axes=tuple(sorted({a - 1 if a > k else a for a in r.axes})))
                            for r in phase.reductions)
         phases.append(Phase(tuple(instrs), phase.stores, reductions))
-    return LoopKernel(domain, params, tuple(phases))
+    return LoopKernel(domain, params, tuple(phases), kernel.scatter)
 
 
 def _merge_rows(kernel: LoopKernel) -> LoopKernel | None:
     """`kernel` with axes 0 and 1 merged, where a smaller row is what that changes (module
-    docstring): several phases, every reduction keeping both axes, no gathered rows."""
-    if len(kernel.domain) < 3 or len(kernel.phases) < 2:
+    docstring): several phases, every reduction keeping both axes, no gathered rows, no rows
+    added into a scatter's output (`kernel.RowScatter`: axis 0 is its lookups)."""
+    if len(kernel.domain) < 3 or len(kernel.phases) < 2 or kernel.scatter is not None:
         return None
     if any(0 in r.axes or 1 in r.axes for r in kernel.reductions()):
         return None

@@ -516,7 +516,7 @@ def _compile(outputs, target: str, passes, extra_passes, debug: bool,
     start = time.perf_counter()
     graph, ctx = optimize(source_graph, [t.id for t in tensors], passes=passes,
                           extra_passes=extra_passes, debug=debug, donations=donations,
-                          memory_budget=memory_budget)
+                          memory_budget=memory_budget, row_scatter_loops=target == "cpu")
     _ensure_planned(graph, ctx)
     _check_dtypes(graph, target)
     timings["passes"] = time.perf_counter() - start

@@ -24,6 +24,10 @@ A `LoopKernel` is one fused loop nest:
   a whole layer norm, forward and backward, is one pass over memory.
   Reductions over axis 0 (column sums, the loss) are combined across
   threads after the loop and cannot be read by a later phase.
+* `scatter`: optionally, a `RowScatter`: the rows of one value are added
+  into a filled scatter's output at the lookups' positions instead of
+  being stored, and axis 0 may be visited in any order that keeps equal
+  positions in increasing i0.
 
 A `LoopKernel` holds no node id, no name and no buffer identity: it is pure
 structure (ops, dtypes, shapes, index maps). Two layers that do the same
@@ -134,10 +138,31 @@ class Phase:
 
 
 @dataclass(frozen=True)
+class RowScatter:
+    """Where a loop puts the rows of one of its values instead of storing them: added into the
+    rows of a filled scatter's output (`fuse`: the loop feeds a scatter-add of rows onto a
+    Fill, and nothing else reads the value).
+
+    `out` (role out) is filled with `fill` (a one-element input), then row i0 of variable
+    `var` of phase `phase` is added at flat offset `positions[i0]` (an int64 input, one row
+    position per index of axis 0: `RowPositions`). A backend visits axis 0 in any order that
+    keeps equal positions in increasing i0 (the order np.add.at uses): the CPU walks the
+    output a block of rows at a time and, within a block, its lookups in increasing i0.
+    """
+
+    out: int
+    fill: int
+    positions: int
+    phase: int
+    var: int
+
+
+@dataclass(frozen=True)
 class LoopKernel:
     domain: tuple[int, ...]
     params: tuple[BufferParam, ...]
     phases: tuple[Phase, ...]
+    scatter: RowScatter | None = None
 
     @property
     def size(self) -> int:
@@ -203,23 +228,27 @@ class KernelStep:
 
 @dataclass(frozen=True)
 class RowPositions:
-    """The op of a `LibraryStep` that writes where each row a gather of whole rows reads starts.
+    """The op of a `LibraryStep` that writes where each row of `shape` an index picks starts.
 
     For `table[idx]` (advanced indexing of axis 0 alone, op-reference §7.2) whose values
     only a loop reads, lowering can drop the copy of the rows: this step checks and wraps
     the index as the gather would (its error names the gather), and writes position
     p = wrap(idx[p])·(row size), which the loop adds to its offset within the row
-    (`Load.offset`). Not a graph op: only lowering makes one, for the gather `gather`.
+    (`Load.offset`). A loop that adds its rows into a scatter's output (`RowScatter`) finds
+    them the same way, `indexing` being then the scatter. The step reads the index alone:
+    `shape` is the table's (a scatter onto a Fill has no table buffer). Not a graph op:
+    only lowering makes one.
     """
 
-    gather: Op
+    indexing: Op
+    shape: tuple[int, ...]
 
     @property
     def label(self) -> str:
-        return self.gather.label
+        return self.indexing.label
 
     def describe(self) -> str:
-        return f"RowPositions({self.gather.describe()})"
+        return f"RowPositions({self.indexing.describe()}, {self.shape})"
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,16 @@ class KernelDag:
             self.add_edge(p, keep)
         del self.rank[gone]
 
+    def merge(self, keep: int, gone: int) -> bool:
+        """Contract `gone` into `keep`, which it depends on, unless another path leads from
+        `keep` to `gone` (the merged kernel would then depend on itself); whether it did."""
+        self.remove_edge(keep, gone)
+        if self.reaches_any(keep, {gone}):
+            self.add_edge(keep, gone)
+            return False
+        self.contract(keep, gone)
+        return True
+
     def topological_order(self) -> list[int]:
         """Kahn's algorithm, always taking the smallest ready kernel first."""
         return smallest_first_order({n: len(preds) for n, preds in self.pred.items()},

@@ -23,7 +23,12 @@ to equal kernels whatever their node ids.
 
 A scatter-add of rows onto a Fill (`fuse.scatters_rows_onto_fill`) becomes
 a `FilledScatter` step that reads the value and the index alone: the Fill
-has no buffer, and the call fills its output itself.
+has no buffer, and the call fills its output itself. A loop that makes the
+scatter (`FusedLoop.scatter`) lowers it as its `RowScatter`: the rows' value
+is neither stored nor given a buffer, the scatter's output is an `out`
+parameter, the Fill's value a one-element input, and the lookups' positions
+come from a `RowPositions` step, the gather's where the loop absorbed a
+gather of the same index and table shape.
 
 A call with siblings (`FusedLibrary.siblings`) becomes one `LibraryStep`
 whose op is a `SiblingCalls`: it reads the union of the calls' inputs and
@@ -62,17 +67,17 @@ from gradcompiler.kernel import (
     Program,
     Reduction,
     RowPositions,
+    RowScatter,
     RowValue,
     SiblingCalls,
     Store,
 )
 from gradcompiler.ops.elemwise import Cast, Elemwise, StopGradient
-from gradcompiler.ops.indexing import IndexingMultiAxisVec, TensorItem
 from gradcompiler.ops.reduce import Reduce
 from gradcompiler.ops.shape import FastpathCopy
 from gradcompiler.ops.source import Constant, Fill, Placeholder
 
-from .fuse import FusedLibrary, FusedLoop, cone_buffers, scatters_rows_onto_fill
+from .fuse import FusedLibrary, FusedLoop, cone_buffers, gathers_whole_rows, scatters_rows_onto_fill
 from .groups import FusionPlan
 from .memory import MemoryPlan
 
@@ -199,7 +204,7 @@ class _LoopEmitter(ConeWalker[int]):
         return self._emit(Compute(node.op, tuple(args)), node.type.dtype)
 
     def kernel(self) -> tuple[LoopKernel, tuple[int | None, ...]]:
-        phases = []
+        phases, scatter = [], None
         for phase in range(max(self.loop.phases, default=0) + 1):
             self.phase, self.instrs = phase, []
             self.reset()
@@ -214,10 +219,25 @@ class _LoopEmitter(ConeWalker[int]):
                     continue
                 if root in self.loop.outputs:
                     stores.append(Store(self._node_param(node, "out"), var))
+                if self.loop.scatter is not None and root == self.graph[self.loop.scatter].inputs[1]:
+                    scatter = self._row_scatter(phase, var)
                 if root in self.read_later and root not in self.loop.outputs:
                     stores.append(Store(self._node_param(node, "row"), var))
             phases.append(Phase(tuple(self.instrs), tuple(stores), tuple(reductions)))
-        return LoopKernel(tuple(self.loop.domain), tuple(self.params), tuple(phases)), tuple(self.args)
+        return LoopKernel(tuple(self.loop.domain), tuple(self.params), tuple(phases), scatter), tuple(self.args)
+
+    def _row_scatter(self, phase: int, var: int) -> RowScatter:
+        """The scatter the loop feeds (`FusedLoop.scatter`), made as `var` is: the rows are added
+        into the scatter's output, which the loop fills (module docstring)."""
+        call = self.graph[self.loop.scatter]
+        fill, _, index = (self.graph[i] for i in call.inputs)
+        positions = self.program.row_positions_of(call, index.id, fill.type.shape, self.loop.name)
+        return RowScatter(out=self._node_param(call, "out"),
+                          fill=self._param(("value", fill.id), "in", fill.type.dtype, 1,
+                                           self.program.scalar_buffer(fill)),
+                          positions=self._param(("positions", call.id), "in", np.dtype(np.int64),
+                                                index.type.size, positions),
+                          phase=phase, var=var)
 
     def _reduction(self, node: Node, var: int) -> Reduction:
         mode = node.op.mode if isinstance(node.op, Reduce) else "SUM"
@@ -238,13 +258,6 @@ class _LoopEmitter(ConeWalker[int]):
         return Reduction(param, var, _REDUCE_MODES[mode], axes, divisor)
 
 
-def _gathers_whole_rows(node: Node) -> bool:
-    """`table[idx]`: advanced indexing of axis 0 by one index tensor, nothing else (§7.2), so
-    each index picks a contiguous row and the gather is a row position plus an offset in it."""
-    return (isinstance(node.op, IndexingMultiAxisVec) and node.op.items == (TensorItem(0),)
-            and len(node.inputs) == 2)
-
-
 class _ProgramBuilder:
     def __init__(self, graph: Graph, plan: FusionPlan, memory: MemoryPlan | None, absorb_gathers: bool):
         self.graph = graph
@@ -252,6 +265,7 @@ class _ProgramBuilder:
         self.memory = memory
         self.absorb_gathers = absorb_gathers
         self.row_positions: dict[int, int] = {}  # absorbed gather -> the buffer of its row positions
+        self.positions_of: dict[tuple, int] = {}  # (index, table shape) -> a buffer of those positions
         self.buffers: list[BufferSpec] = []
         self.buffer_of: dict[int, int] = {}
         self.scalar_of: dict[int, int] = {}
@@ -308,7 +322,8 @@ class _ProgramBuilder:
 
     def add_loop(self, loop: FusedLoop) -> None:
         kernel, args = _LoopEmitter(self.graph, loop, self).kernel()
-        self.steps.append(KernelStep(loop.name, kernel, args, tuple(loop.computes)))
+        made = (loop.scatter,) if loop.scatter is not None else ()
+        self.steps.append(KernelStep(loop.name, kernel, args, tuple(loop.computes) + made))
 
     def add_library(self, group: FusedLibrary) -> None:
         if group.siblings:  # never with an epilogue (fuse)
@@ -316,7 +331,7 @@ class _ProgramBuilder:
             return
         call = self.graph[group.call]
         epilogue = group.epilogue
-        if epilogue is not None and self.absorb_gathers and _gathers_whole_rows(call):
+        if epilogue is not None and self.absorb_gathers and gathers_whole_rows(call):
             self.add_absorbed_gather(group)
             return
         if epilogue is not None:
@@ -343,16 +358,25 @@ class _ProgramBuilder:
                                       tuple(self.buffer(call.id) for call in calls),
                                       tuple(call.id for call in calls)))
 
+    def row_positions_of(self, call: Node, index: int, shape: tuple[int, ...], name: str) -> int:
+        """The buffer of the row positions `index` picks in a table of `shape`, for `call` (a
+        gather or scatter of whole rows): a `RowPositions` step's, which checks the index as
+        `call` would, made here unless an earlier step made the same positions."""
+        key = (index, shape)
+        if key not in self.positions_of:
+            positions = self._add(BufferSpec(self.graph[index].type.shape, np.dtype(np.int64), "temp"), None)
+            self.steps.append(LibraryStep(f"{name}_positions", RowPositions(call.op, shape),
+                                          (self.buffer(index),), (positions,), (call.id,)))
+            self.positions_of[key] = positions
+        return self.positions_of[key]
+
     def add_absorbed_gather(self, group: FusedLibrary) -> None:
         """A gather of whole rows read by its epilogue alone: the call checks the index and
         writes each row's position, and the epilogue reads the rows from the table itself
         (module docstring), so the gathered values are never written and read back."""
         call = self.graph[group.call]
         table, idx = (self.graph[i] for i in call.inputs)
-        positions = self._add(BufferSpec(idx.type.shape, np.dtype(np.int64), "temp"), None)
-        self.row_positions[call.id] = positions
-        self.steps.append(LibraryStep(f"{group.name}_positions", RowPositions(call.op),
-                                      (self.buffer(table.id), self.buffer(idx.id)), (positions,), (call.id,)))
+        self.row_positions[call.id] = self.row_positions_of(call, idx.id, table.type.shape, group.name)
         self.add_loop(group.epilogue)
 
     def add_alias(self, group) -> None:

@@ -62,7 +62,8 @@ class PassContext:
     `donations` maps an output's index to the feed whose buffer it should be written
     into (`donation.py`); fuse and memory plan for it. `memory_budget` (bytes, or a
     fraction of the default plan's peak) makes `remat` recompute forward values to meet
-    it; its choices land in `remat`.
+    it; its choices land in `remat`. `row_scatter_loops`: whether the target's loops can make
+    a scatter-add of rows they feed (`fuse.attach_scatters`; the CPU's can, CUDA's cannot).
     """
 
     debug: bool = False
@@ -74,6 +75,7 @@ class PassContext:
     donations: dict[int, str] = field(default_factory=dict)
     memory_budget: float | int | None = None
     remat: RematPlan | None = None
+    row_scatter_loops: bool = True
 
     def donated_outputs(self, graph: Graph) -> set[int]:
         """The output nodes asked to live in a feed's buffer."""
@@ -167,6 +169,7 @@ def optimize(
     assume_finite: bool = False,
     donations: dict[int, str] | None = None,
     memory_budget: float | int | None = None,
+    row_scatter_loops: bool = True,
 ) -> tuple[Graph, PassContext]:
     """Run the pipeline on a copy of `graph` whose outputs are `outputs`.
 
@@ -175,7 +178,7 @@ def optimize(
     `outputs` may be renumbered by rewrites (an output replaced by an
     equivalent node), in order, one per requested output. `donations`: output index →
     the name of the feed whose buffer that output should take; `memory_budget` for
-    `remat` (`PassContext`).
+    `remat`; `row_scatter_loops` for `fuse` (`PassContext`).
     """
     for o in outputs:
         if o not in graph:
@@ -184,7 +187,8 @@ def optimize(
     work.outputs = [int(o) for o in outputs]
     inline_custom_gradients(work)
     ctx = PassContext(debug=debug or debug_from_env(), assume_finite=assume_finite,
-                      donations=dict(donations or {}), memory_budget=memory_budget)
+                      donations=dict(donations or {}), memory_budget=memory_budget,
+                      row_scatter_loops=row_scatter_loops)
     chosen = [as_pass(p) for p in (DEFAULT_PIPELINE if passes is None else passes)]
     chosen = _with_extras(chosen, [as_pass(p) for p in extra_passes])
     if memory_budget is not None and REMAT not in chosen:

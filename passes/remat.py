@@ -236,7 +236,7 @@ def recompute(graph: Graph, kept: set[int], segment_of: Mapping[int, int] = {}) 
 def planned_peak(graph: Graph, ctx: PassContext, clones: Iterable[int] = ()) -> int:
     """The peak of the fusion and memory plans `graph` would get (made on a copy)."""
     work = graph.copy()
-    plan = plan_fusion(work, ctx.work, ctx.donated_outputs(work), set(clones))
+    plan = plan_fusion(work, ctx.work, ctx.donated_outputs(work), set(clones), ctx.row_scatter_loops)
     wanted = {work.outputs[k]: work.feed_names[name] for k, name in ctx.donations.items()
               if name in work.feed_names}
     return plan_memory(work, plan, wanted).peak_bytes

@@ -13,7 +13,7 @@ import pytest
 import gradcompiler as gc
 from gradcompiler.backends.numba_cpu.runtime import ALIGN, output_homes
 from gradcompiler.errors import BackendUnavailableError, FeedError, IndexOutOfRangeError, NonFiniteError
-from gradcompiler.kernel import FilledScatter, LibraryStep
+from gradcompiler.kernel import KernelStep
 
 from oracle import assert_close
 
@@ -239,15 +239,17 @@ def _embedding_step(lookups: int, dtype: str):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("lookups", [9, 0])
 def test_a_scatter_add_into_a_zero_fill_writes_the_output_array(rng, dtype, lookups):
-    """The scatter-add fills its own output (`kernel.FilledScatter`), and that output is the
-    caller's array: no buffer for the zeros, no internal buffer for the gradient, no copy;
-    with repeated and negative indices, a NaN row, no lookups at all, and an out= array
-    holding garbage."""
+    """The scatter-add fills its own output (the loop that makes its rows does:
+    `kernel.RowScatter`), and that output is the caller's array: no buffer for the zeros, no
+    internal buffer for the gradient, no copy; with repeated and negative indices, a NaN row,
+    no lookups at all, and an out= array holding garbage."""
     outputs = _embedding_step(lookups, dtype)
     step = gc.compile(outputs)
-    (call,) = [s for s in step.program.steps if isinstance(s, LibraryStep) and isinstance(s.op, FilledScatter)]
-    assert call.outputs == (step.program.outputs[1],)
-    assert not any(spec.node == step.graph[call.nodes[0]].inputs[0] for spec in step.program.buffers)
+    (loop,) = [s for s in step.program.steps if isinstance(s, KernelStep) and s.kernel.scatter is not None]
+    assert loop.args[loop.kernel.scatter.out] == step.program.outputs[1]
+    scatter = step.graph[loop.nodes[-1]]
+    fill, value = scatter.inputs[:2]   # the fill is one element, loaded; the value never stored
+    assert not any(spec.node == fill and spec.size > 1 or spec.node == value for spec in step.program.buffers)
     assert not output_homes(step.program)
     table = rng.standard_normal((7, 3)).astype(dtype)
     table[4] = np.nan

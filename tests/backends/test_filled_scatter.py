@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
-from gradcompiler.backends.numba_cpu import library_indexing
+from gradcompiler.backends.numba_cpu import row_blocks
 from gradcompiler.backends.numba_cpu.library import library_kernel
 from gradcompiler.errors import IndexOutOfRangeError
 from gradcompiler.kernel import FilledScatter, KernelStep, LibraryStep
@@ -48,7 +48,7 @@ def add_at(shape, dtype, fill, value, idx):
 def block_rows(request, monkeypatch):
     """Blocks of one or two rows (of 4 float64s: 32 bytes a row), or the default size."""
     if request.param < 1 << 18:
-        monkeypatch.setattr(library_indexing, "FILL_BLOCK_BYTES", 32 * request.param)
+        monkeypatch.setattr(row_blocks, "FILL_BLOCK_BYTES", 32 * request.param)
     return request.param
 
 
@@ -65,7 +65,7 @@ def test_rows_with_repeats_equal_add_at_bitwise(request, rng, block_rows, parall
 
 
 def test_more_threads_than_blocks(parallel_loops, rng, monkeypatch):
-    monkeypatch.setattr(library_indexing, "FILL_BLOCK_BYTES", 1 << 20)   # one block for all 3 rows
+    monkeypatch.setattr(row_blocks, "FILL_BLOCK_BYTES", 1 << 20)   # one block for all 3 rows
     value = rng.standard_normal((50, 4)).astype(np.float32)
     idx = rng.integers(0, 3, 50)
     got = filled_scatter((3, 4), np.float32, 0.0, value, idx)
@@ -128,19 +128,27 @@ def filled_steps(step) -> list[LibraryStep]:
     return [s for s in step.program.steps if isinstance(s, LibraryStep) and isinstance(s.op, FilledScatter)]
 
 
+def scatter_loops(step) -> list[KernelStep]:
+    """The loops that make the rows of a filled scatter and add them (`kernel.RowScatter`)."""
+    return [s for s in step.program.steps if isinstance(s, KernelStep) and s.kernel.scatter is not None]
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_each_gradient_is_one_call_and_no_kernel_fills_a_table(rng, dtype):
+def test_each_gradient_is_one_step_and_no_kernel_fills_a_table(rng, dtype):
+    """a's gradient is made by the loop that makes its rows (`tanh(a[i])`'s derivative); b's
+    rows are b[j] itself, a library gather's output, so a `FilledScatter` call adds them."""
     outputs = two_embeddings(dtype)
     step = gc.compile(outputs)
     values = feeds(rng, dtype)
     for k, (got, want) in enumerate(zip(step(**values), gc.evaluate(outputs, values))):
         assert_close(got, want, rtol=RTOL[dtype], label=f"output {k}")
-    calls = filled_steps(step)
-    assert len(calls) == 2
-    zeros = {step.graph[s.nodes[0]].inputs[0] for s in calls}
+    calls, loops = filled_steps(step), scatter_loops(step)
+    assert len(calls) == 1 and len(loops) == 1
+    zeros = {step.graph[s.nodes[0]].inputs[0] for s in calls} | {step.graph[s.nodes[-1]].inputs[0] for s in loops}
     assert len(zeros) == 1 and step.graph[next(iter(zeros))].op.value == 0.0
     kernels = {n for s in step.program.steps if isinstance(s, KernelStep) for n in s.nodes}
     assert not zeros & kernels, "a kernel still writes the zeros that only the scatters read"
+    assert not any(spec.node in zeros and spec.size > 1 for spec in step.program.buffers)
 
 
 def test_the_cuda_target_fills_then_adds(rng):

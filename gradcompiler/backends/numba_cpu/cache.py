@@ -7,8 +7,8 @@ beside it, a second process loads the machine code from `__pycache__` and
 never runs the Numba compiler. Rules that make that hold:
 
 * the file name is a hash of the source, the Numba version, the CPU the
-  code is compiled for, and the source of the modules the kernels inline
-  (`mathfuncs`, `rowreduce`; Numba's cache does not track callees), so a
+  code is compiled for, and the source of the modules the kernels import
+  (`_INLINED`: Numba's cache does not track callees), so a
   name never means two different things;
 * a file is written once, atomically (temporary file + `os.replace`), and
   never rewritten, so its timestamp (part of Numba's cache key) is stable
@@ -59,7 +59,7 @@ except ImportError:  # not POSIX: no lock, concurrent compiles of one kernel may
     fcntl = None
 
 CACHE_ENV = "GRADCOMPILER_CACHE_DIR"
-_INLINED = ("mathfuncs.py", "mathfuncs_core.py", "rowreduce.py")
+_INLINED = ("mathfuncs.py", "mathfuncs_core.py", "rowreduce.py", "row_blocks.py", "prefetch.py", "vector_width.py")
 
 
 @dataclass

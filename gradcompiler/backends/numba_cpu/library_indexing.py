@@ -28,11 +28,12 @@ increasing `p`: duplicates accumulate in the value's row-major order, the
 order np.add.at uses, so results are bitwise those of the reference. Set
 uses the same partition, so the last write in row-major order wins (§7.3).
 
-A scatter-add of rows onto a Fill (`kernel.FilledScatter`, the embedding's
-gradient) fills its output itself, a block of FILL_BLOCK_BYTES of rows at a
-time: each thread owns a range of blocks, buckets the lookups that land in
-it by block (a counting sort that keeps increasing p, so the order of
-duplicates, and the result, are those above), then fills each block and adds
+A scatter-add of rows onto a Fill (`kernel.FilledScatter`, a gather's
+gradient whose rows no loop makes) fills its output itself, a block of
+`row_blocks.FILL_BLOCK_BYTES` of rows at a time: each thread owns a range of
+blocks, buckets the lookups that land in it by block (`row_blocks`: a
+counting sort that keeps increasing p, so the order of duplicates, and the
+result, are those above), then fills each block and adds
 its rows while the block is in cache, asking for the value's rows
 GATHER_AHEAD lookups ahead (they are scattered over the whole value). Against
 filling the whole table in a loop kernel of its own and then coming back for
@@ -74,6 +75,7 @@ from .library import (
     partition_count,
 )
 from .prefetch import CACHE_LINE, GATHER_AHEAD, prefetch_read
+from .row_blocks import block_rows, bucket_lookups
 
 # -- loops -------------------------------------------------------------------------------------
 
@@ -196,17 +198,13 @@ def _scatter(out, value, pos, pre_offsets, post_offsets, run, run_stride, parts,
                              np.uint64((a * n_pos + p) * row + o * run), run, accumulate)
 
 
-FILL_BLOCK_BYTES = 256 * 1024
-"""Bytes of destination rows a filled scatter fills and updates at a time: well inside a
-core's L2, so a block's rows are in cache while its lookups update them."""
-
-
 @ParallelLoop
 def _scatter_rows_onto_fill(out, value, pos, row, fill, block_rows, parts):
     """out[:] = fill, then out[pos[p] + b] += value[p·row + b] for b < row, p in order.
 
     Part t (one per thread) owns a contiguous range of blocks of `block_rows` rows; it
-    buckets its lookups by block, in increasing p, then fills each block and adds them.
+    buckets its lookups by block, in increasing p (`row_blocks`), then fills each block and
+    adds them.
     """
     n_rows = out.size // row
     n_blocks = (n_rows + block_rows - 1) // block_rows
@@ -218,24 +216,14 @@ def _scatter_rows_onto_fill(out, value, pos, row, fill, block_rows, parts):
         if first >= last:
             continue
         low, high = first * span, min(last * block_rows, n_rows) * row
-        starts = np.zeros(last - first + 1, np.int64)
-        for p in range(pos.size):
-            if low <= pos[p] < high:
-                starts[(pos[p] - low) // span + 1] += 1
-        for b in range(last - first):
-            starts[b + 1] += starts[b]
-        order = np.empty(starts[last - first], np.int64)
-        cursor = starts[:-1].copy()
-        for p in range(pos.size):
-            if low <= pos[p] < high:
-                b = (pos[p] - low) // span
-                order[cursor[b]] = p
-                cursor[b] += 1
+        starts = np.empty(last - first + 3, np.int64)
+        order = np.empty(pos.size, np.int64)
+        bucket_lookups(pos, low, high, span, last - first, starts, order)
         for b in range(last - first):
             for q in range(np.uint64(low + b * span), np.uint64(min(low + (b + 1) * span, high))):
                 out[q] = fill
             for k in range(starts[b], starts[b + 1]):
-                if k + GATHER_AHEAD < order.size:
+                if k + GATHER_AHEAD < starts[last - first]:
                     ahead = np.uint64(order[k + GATHER_AHEAD] * row)
                     for c in range(0, row, line):
                         prefetch_read(value, ahead + np.uint64(c))
@@ -343,12 +331,12 @@ def _indexing_multi_axis_vec(op: IndexingMultiAxisVec) -> LibraryKernel:
 
 @library_kernel.register
 def _row_positions(op: RowPositions) -> LibraryKernel:
-    """Where each row of a gather of whole rows starts (`kernel.RowPositions`): the gather's
-    own index check and positions, written into `out`."""
-    region = _AdvancedRegion(op.gather)
+    """Where each row an index of whole rows picks starts (`kernel.RowPositions`): the
+    gather's (or scatter's) own index check and positions, written into `out`."""
+    region = _AdvancedRegion(op.indexing)
 
-    def positions(table: np.ndarray, index: np.ndarray, *, out: np.ndarray) -> None:
-        region.positions(table.shape, (index,), out.reshape(-1))
+    def positions(index: np.ndarray, *, out: np.ndarray) -> None:
+        region.positions(op.shape, (index,), out.reshape(-1))
 
     return positions
 
@@ -381,9 +369,8 @@ def _filled_scatter(op: FilledScatter) -> LibraryKernel:
         _, pos = region.positions(shape, (index,))     # checks before any write
         if row == 0:
             return
-        block_rows = max(FILL_BLOCK_BYTES // (row * out.itemsize), 1)
-        _scatter_rows_onto_fill(out.size, out.reshape(-1), _flat(value), pos, row,
-                                out.dtype.type(op.fill.value), block_rows, partition_count(out.size))
+        _scatter_rows_onto_fill(out.size, out.reshape(-1), _flat(value), pos, row, out.dtype.type(op.fill.value),
+                                block_rows(row, out.itemsize), partition_count(out.size))
 
     return filled_scatter
 

@@ -393,7 +393,11 @@ def generate(kernel: LoopKernel, block: int, shuffle: bool) -> CudaKernelSource:
     """The module source of `kernel` with `block` threads per block (module docstring).
 
     Warp shuffles finish the trees only where every reduced dtype can be shuffled and a block
-    holds at least one warp.
+    holds at least one warp. A loop that makes a scatter (`RowScatter`) is the CPU's alone:
+    the CUDA target plans without them (`fuse.attach_scatters`).
     """
+    if kernel.scatter is not None:
+        raise ValueError("the CUDA code generator takes no loop that makes a scatter (RowScatter): "
+                         "plan with row_scatter_loops=False")
     dtypes = {i.dtype for phase in kernel.phases for r in phase.reductions for i in phase.instrs if i.var == r.var}
     return _Writer(kernel, block, shuffle and block >= 32 and dtypes <= set(SHUFFLE_DTYPES)).source()
