@@ -21,7 +21,9 @@ needs no array beyond `starts` and `order` (which the caller owns: a
 generated kernel allocates nothing): `starts` counts, then holds each
 block's first place in `order`, then (as each lookup is placed) its last.
 Each thread scans every lookup, so the scans test no lookup with a branch
-(`bucket_lookups`): with one, the embedding's fused loop took 2.9 ms, ...
+(`bucket_lookups`): on the embedding's 65,536 random lookups, two threads
+bucketing their halves of the table took 0.36 ms with a branch per lookup and
+scan, and 0.13 ms without.
 """
 
 from __future__ import annotations
