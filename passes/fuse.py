@@ -559,11 +559,9 @@ class _Planner:
     # -- scatters made by the loop that feeds them ---------------------------------------------
     def attach_scatters(self, outputs: set[int]) -> None:
         """Let each loop that alone feeds a scatter-add of rows onto a Fill make that scatter
-        (module docstring): the loop's axis 0 must be the scatter's lookups (a one-axis index)
-        and its domain the value's shape; a loop that is a gather's epilogue reads the rows
-        through positions (an absorbed gather, `lower`), so its call writes nothing."""
+        (module docstring, `_scatter_maker`)."""
         host = {id(g.epilogue): i for i, g in enumerate(self.groups) if g.epilogue is not None}
-        readers: dict[int, set[int]] = {}
+        readers: dict[int, set[int]] = {}   # value -> the kernels (library or loop groups) reading it
         for index, group in enumerate(self.groups):
             if group.kind in ("epilogue", "merged"):
                 continue
@@ -571,26 +569,41 @@ class _Planner:
                 for d in member.reads:
                     readers.setdefault(d, set()).add(index)
         for index, group in enumerate(self.groups):
-            if group.kind != "library" or group.epilogue or len(group.roots) > 1:
+            node = self._scatter_maker(index, group, host, readers, outputs)
+            if node is None or not self.dag.merge(node, index):
                 continue
-            call = self.graph[group.roots[0]]
-            if not scatters_rows_onto_fill(self.graph, call):
-                continue
-            fill, value, lookups = call.inputs
-            loop = self.groups[self.producer.get(value, index)]
-            node = host.get(id(loop), self.producer.get(value))
-            if (loop.kind not in ("loop", "epilogue") or loop.scatter is not None or value in outputs
-                    or readers.get(value) != {index} or self.graph[lookups].type.ndim != 1
-                    or loop.domain != self.graph[value].type.shape or len(loop.domain) < 2
-                    or (loop.kind == "epilogue" and not gathers_whole_rows(self.graph[self.groups[node].roots[0]]))):
-                continue
-            if not self.dag.merge(node, index):
-                continue
-            loop.scatter = call.id
+            fill, value, lookups = self.graph[group.roots[0]].inputs
+            loop = self.groups[self.producer[value]]
+            loop.scatter = group.roots[0]
             loop.reads.setdefault(lookups, set())
             loop.scalars.add(fill)
-            self.producer[call.id] = node
+            self.producer[loop.scatter] = node
             group.kind = "merged"
+
+    def _scatter_maker(self, index: int, group: _Group, host: dict[int, int], readers: dict[int, set[int]],
+                       outputs: set[int]) -> int | None:
+        """The kernel whose loop may make group `index`'s scatter, or None: the group is a lone
+        scatter-add of rows onto a Fill; its rows are a loop's root that nothing else reads
+        and no output is; that loop's domain is their shape, with axis 0 the lookups (an index
+        of one axis); and a loop that is a gather's epilogue reads the gathered rows through
+        their positions (a gather of whole rows, absorbed by `lower`), so its call writes
+        nothing the loop would have to wait for."""
+        if group.kind != "library" or group.epilogue or len(group.roots) > 1:
+            return None
+        call = self.graph[group.roots[0]]
+        if not scatters_rows_onto_fill(self.graph, call):
+            return None
+        _, value, lookups = call.inputs
+        loop = self.groups[self.producer.get(value, index)]
+        if (loop.kind not in ("loop", "epilogue") or loop.scatter is not None or value in outputs
+                or readers.get(value) != {index}):
+            return None
+        if self.graph[lookups].type.ndim != 1 or len(loop.domain) < 2 or loop.domain != self.graph[value].type.shape:
+            return None
+        node = host.get(id(loop), self.producer[value])
+        if loop.kind == "epilogue" and not gathers_whole_rows(self.graph[self.groups[node].roots[0]]):
+            return None
+        return node
 
     def execution_order(self) -> list[int]:
         return self.dag.topological_order()

@@ -5,8 +5,8 @@ adds the rows of the lookups that land there as it makes them, so the rows are n
 Oracles: the reference interpreter on the unoptimised graph (float64 rtol 1e-10, float32 1e-5),
 and np.add.at onto np.full, bitwise, where the rows are exact (2·r): duplicates must accumulate
 in increasing lookup order, whatever the blocks and threads. Cases: repeated and negative
-indices, a NaN row of the table, a fill other than zero, rows made over several phases beside
-a column sum, blocks of one and two rows, more threads than blocks, empty batches, rows and
+indices, a NaN row of the table, a fill other than zero, rows of several axes, rows made over
+several phases beside a column sum, blocks of one and two rows, more threads than blocks, empty batches, rows and
 tables, a bad index (raised by the scatter's own check, before anything is written), and the
 loops that must leave the scatter to its library call.
 """
@@ -80,6 +80,19 @@ def test_the_embedding_gradient_is_made_by_the_loop(rng, threads, dtype):
     assert not any(spec.node == scatter.inputs[1] for spec in step.program.buffers), "the rows were stored"
     grad = step(**values)[1]
     assert np.isnan(grad[5, 2]) and np.isfinite(np.delete(grad, 5, axis=0)).all()
+
+
+def test_rows_of_several_axes(rng, threads):
+    """A table of (7, 2, 3): each lookup's row is six elements over two inner axes."""
+    with gc.Graph("embedding"):
+        table = gc.param("table", (7, 2, 3), "float32")
+        idx = gc.input("idx", (40,), "int64")
+        r = gc.input("r", (40, 2, 3), "float32")
+        loss = (gc.tanh(table[idx]) * r).sum()
+        outputs = [loss, *gc.grad(loss, [table])]
+    values = dict(table=rng.standard_normal((7, 2, 3)).astype(np.float32), idx=lookups_of(rng, 7, 40),
+                  r=rng.standard_normal((40, 2, 3)).astype(np.float32))
+    assert len(scatter_loops(check(outputs, values, "float32"))) == 1
 
 
 @pytest.mark.parametrize("block", [1, 2], ids=["blocks_of_1_row", "blocks_of_2_rows"])
