@@ -36,7 +36,11 @@ read by `load_source` in the next. Breaking the contract lets LLVM reorder
 a store past a load of the same element: wrong values, silently. Hence the
 narrow use: the warp loops (`library_vision`), whose sources (the image,
 g, the row's taps) and results (the output row, the row's sums) are
-distinct buffers; the memory plan never lets a library call write in place.
+distinct buffers, the memory plan never letting a library call write in
+place; and a generated loop that adds its rows into a scatter's output
+(`codegen`, `kernel.RowScatter`), whose inputs are sources and that output
+the result: the memory plan never lets a group holding a scatter write over
+its inputs, and a caller's `out=` array may not overlap a feed.
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ except ImportError:  # not POSIX: no lock, concurrent compiles of one kernel may
     fcntl = None
 
 CACHE_ENV = "GRADCOMPILER_CACHE_DIR"
-_INLINED = ("mathfuncs.py", "mathfuncs_core.py", "rowreduce.py", "row_blocks.py", "prefetch.py", "vector_width.py")
+_INLINED = ("mathfuncs.py", "mathfuncs_core.py", "rowreduce.py", "row_blocks.py", "prefetch.py", "vector_width.py",
+            "alias_scopes.py")
 
 
 @dataclass

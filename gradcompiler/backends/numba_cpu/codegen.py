@@ -75,7 +75,11 @@ Loop structure (what makes it fast):
   GATHER_AHEAD lookups ahead, the inputs read at i0 as well: in that order
   they are random rows too (without asking for those, the embedding's loop
   took 3.2-3.3 ms against 2.4-2.5). Its reductions over axis 0 keep
-  per-chunk partials, not COLUMN_BLOCK blocks of rows.
+  per-chunk partials, not COLUMN_BLOCK blocks of rows. Its loads of inputs
+  and its updates of the output carry alias scopes (`alias_scopes`: the
+  output is never an input's memory), so LLVM checks no overlap for each
+  row, and keeps more of the row's work in registers: the embedding's
+  loop took 0.79-0.82 of its time (ten rounds alternated in one process).
 * A kernel whose innermost loop evaluates a transcendental (`mathfuncs`)
   is arithmetic-bound, and its `chunk` asks LLVM for 512-bit vectors
   where the CPU has them (`vector_width`; layernorm_gelu's kernel 5.9 ->
@@ -412,7 +416,9 @@ class _Writer:
         if offset is not None:
             flat = f"{self._var(offset)} + {flat}"
         if spec.role == "row":
-            return _at(f"p{param}", f"c * {spec.size} + {flat}")
+            flat = f"c * {spec.size} + {flat}"
+        if self.kernel.scatter is not None and spec.role == "in":
+            return f"load_source(p{param}, np.uint64({flat}))"   # never what `store_result` writes
         return _at(f"p{param}", flat)
 
     def _instr(self, depth: int, instr) -> None:
@@ -566,7 +572,8 @@ class _Writer:
                 scatter = self.kernel.scatter
                 if scatter is not None and scatter.phase == p:
                     inner = ravel(domain_index(self.kernel.domain)[1:], self.kernel.domain[1:]).render(self.names)
-                    self.emit(depth, f"{_at(f'p{scatter.out}', f'row0 + {inner}')} += {self._var(scatter.var)}")
+                    at = f"p{scatter.out}, np.uint64(row0 + {inner})"
+                    self.emit(depth, f"store_result({at}, load_result({at}) + {self._var(scatter.var)})")
             for plan in mine:
                 value = self._rows_value(plan.red.var)
                 if plan.row == "buffer":
@@ -756,6 +763,8 @@ class _Writer:
             header.append(f"from gradcompiler.backends.numba_cpu.prefetch import {', '.join(sorted(intrinsics))}")
         if scatter:
             header.append("from gradcompiler.backends.numba_cpu.row_blocks import bucket_lookups")
+            header.append("from gradcompiler.backends.numba_cpu.alias_scopes import load_result, load_source, "
+                          "store_result")
         text = "\n".join(header + ["", ""] + functions) + "\n"
         return KernelSource(text, tuple(self.scratch), self.parallel)
 
