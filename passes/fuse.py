@@ -525,10 +525,7 @@ class _Planner:
         `donated` outputs live in a feed's buffer, which the call must not write.
         """
         targets = needed_outside - donated
-        readers: dict[int, set[int]] = {}
-        for index, group in enumerate(self.groups):
-            for d in group.reads:
-                readers.setdefault(d, set()).add(index)
+        readers = self._readers()
         for index, group in enumerate(self.groups):
             if group.kind != "loop" or any(group.phase.values()):
                 continue
@@ -557,17 +554,24 @@ class _Planner:
                    and r in targets for r in group.roots)
 
     # -- scatters made by the loop that feeds them ---------------------------------------------
-    def attach_scatters(self, outputs: set[int]) -> None:
-        """Let each loop that alone feeds a scatter-add of rows onto a Fill make that scatter
-        (module docstring, `_scatter_maker`)."""
-        host = {id(g.epilogue): i for i, g in enumerate(self.groups) if g.epilogue is not None}
-        readers: dict[int, set[int]] = {}   # value -> the kernels (library or loop groups) reading it
+    def _readers(self) -> dict[int, set[int]]:
+        """Value -> the kernels that read it: group indices, a library call's epilogue counted
+        as its call's group."""
+        readers: dict[int, set[int]] = {}
         for index, group in enumerate(self.groups):
             if group.kind in ("epilogue", "merged"):
                 continue
             for member in (group, group.epilogue) if group.epilogue else (group,):
                 for d in member.reads:
                     readers.setdefault(d, set()).add(index)
+        return readers
+
+    def attach_scatters(self, outputs: set[int]) -> set[int]:
+        """Let each loop that alone feeds a scatter-add of rows onto a Fill make that scatter
+        (module docstring, `_scatter_maker`); returns the rows' values, which no other kernel
+        reads now."""
+        host = {id(g.epilogue): i for i, g in enumerate(self.groups) if g.epilogue is not None}
+        readers, made = self._readers(), set()
         for index, group in enumerate(self.groups):
             node = self._scatter_maker(index, group, host, readers, outputs)
             if node is None or not self.dag.merge(node, index):
@@ -579,6 +583,8 @@ class _Planner:
             loop.scalars.add(fill)
             self.producer[loop.scatter] = node
             group.kind = "merged"
+            made.add(value)
+        return made
 
     def _scatter_maker(self, index: int, group: _Group, host: dict[int, int], readers: dict[int, set[int]],
                        outputs: set[int]) -> int | None:
@@ -664,8 +670,7 @@ def plan_fusion(graph: Graph, work: WorkCounter | None = None, donated: set[int]
     needed_outside = set(outputs).union(*(group.reads for group in planner.groups))
     planner.attach_epilogues(set(outputs), needed_outside, set(donated))
     if row_scatter_loops:
-        planner.attach_scatters(set(outputs))
-        needed_outside = set(outputs).union(*(g.reads for g in planner.groups if g.kind != "merged"))
+        needed_outside -= planner.attach_scatters(set(outputs))
     order = planner.execution_order()
     owned = _owned(planner, order, nodes)
     position = {n: k for k, n in enumerate(nodes)}

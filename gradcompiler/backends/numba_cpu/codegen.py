@@ -250,8 +250,9 @@ class _Writer:
                     self._add_scratch(f"q{plan.index}", plan.wide, self._kept_size(plan))
                 if plan.column_block:
                     self._add_scratch(f"e{plan.index}", plan.dtype, self._kept_size(plan))
-        if kernel.scatter is not None:   # each chunk's blocks' lookups (`_scattered_rows`)
-            self._add_scratch("starts", np.int64, self._blocks()[1] + 3)
+        self.blocks = self._blocks() if kernel.scatter is not None else None
+        if self.blocks is not None:   # each chunk's blocks' lookups (`_scattered_rows`)
+            self._add_scratch("starts", np.int64, self.blocks[1] + 3)
             self._add_scratch("order", np.int64, kernel.domain[0])
         for phase in kernel.phases:
             for instr in phase.instrs:
@@ -666,24 +667,20 @@ class _Writer:
         land there, then fills each block and makes and adds its lookups' rows, in increasing
         i0, asking for the rows GATHER_AHEAD lookups ahead: their inputs, read in that order,
         are random rows too."""
-        scatter, (rows, blocks) = self.kernel.scatter, self._blocks()
+        scatter, (rows, blocks) = self.kernel.scatter, self.blocks
         row = math.prod(self.kernel.domain[1:])
         span, size, n0 = rows * row, self.kernel.params[scatter.out].size, self.kernel.domain[0]
-        self.emit(1, f"first = c * {blocks} // nchunks")
-        self.emit(1, f"blocks = (c + 1) * {blocks} // nchunks - first")
-        self.emit(1, f"low = first * {span}")
-        self.emit(1, f"high = min((first + blocks) * {span}, {size})")
+        self.emit(1, f"blocks, low, high = owned_blocks(c, nchunks, {blocks}, {span}, {size})")
         self.emit(1, f"mine = starts[c * {blocks + 3}:(c + 1) * {blocks + 3}]")
         self.emit(1, f"lookups = order[c * {n0}:(c + 1) * {n0}]")
         self.emit(1, f"bucket_lookups(p{scatter.positions}, low, high, {span}, blocks, mine, lookups)")
         self.emit(1, f"fill = {_at(f'p{scatter.fill}', '0')}")
         self.emit(1, "end = mine[blocks]")
         self.emit(1, "for b in range(blocks):")
-        self.emit(2, f"for z in range(np.uint64(low + b * {span}), np.uint64(min(low + (b + 1) * {span}, high))):")
-        self.emit(3, f"{_at(f'p{scatter.out}', 'z')} = fill")
+        self.emit(2, f"fill_block(p{scatter.out}, low, high, {span}, b, fill)")
         self.emit(2, "for k in range(mine[b], mine[b + 1]):")
         self.emit(3, "i0 = lookups[k]")
-        self.emit(3, f"row0 = {_at(f'p{scatter.positions}', 'i0')}")
+        self.emit(3, f"row0 = load_source(p{scatter.positions}, np.uint64(i0))")
         self.emit(3, f"if k + {GATHER_AHEAD} < end:")
         self.emit(4, f"n0 = lookups[k + {GATHER_AHEAD}]")
         for param in self._whole_domain_reads():
@@ -762,7 +759,8 @@ class _Writer:
         if intrinsics:
             header.append(f"from gradcompiler.backends.numba_cpu.prefetch import {', '.join(sorted(intrinsics))}")
         if scatter:
-            header.append("from gradcompiler.backends.numba_cpu.row_blocks import bucket_lookups")
+            header.append("from gradcompiler.backends.numba_cpu.row_blocks import bucket_lookups, fill_block, "
+                          "owned_blocks")
             header.append("from gradcompiler.backends.numba_cpu.alias_scopes import load_result, load_source, "
                           "store_result")
         text = "\n".join(header + ["", ""] + functions) + "\n"

@@ -75,7 +75,7 @@ from .library import (
     partition_count,
 )
 from .prefetch import CACHE_LINE, GATHER_AHEAD, prefetch_read
-from .row_blocks import block_rows, bucket_lookups
+from .row_blocks import block_rows, bucket_lookups, fill_block, owned_blocks
 
 # -- loops -------------------------------------------------------------------------------------
 
@@ -203,27 +203,23 @@ def _scatter_rows_onto_fill(out, value, pos, row, fill, block_rows, parts):
     """out[:] = fill, then out[pos[p] + b] += value[p·row + b] for b < row, p in order.
 
     Part t (one per thread) owns a contiguous range of blocks of `block_rows` rows; it
-    buckets its lookups by block, in increasing p (`row_blocks`), then fills each block and
-    adds them.
+    buckets its lookups by block, in increasing p, then fills each block and adds them
+    (`row_blocks`).
     """
-    n_rows = out.size // row
-    n_blocks = (n_rows + block_rows - 1) // block_rows
-    per_part = (n_blocks + parts - 1) // parts
+    n_blocks = (out.size // row + block_rows - 1) // block_rows
     span = block_rows * row
     line = max(CACHE_LINE // value.itemsize, 1)
     for part in prange(parts):
-        first, last = part * per_part, min((part + 1) * per_part, n_blocks)
-        if first >= last:
+        blocks, low, high = owned_blocks(part, parts, n_blocks, span, out.size)
+        if blocks <= 0:
             continue
-        low, high = first * span, min(last * block_rows, n_rows) * row
-        starts = np.empty(last - first + 3, np.int64)
+        starts = np.empty(blocks + 3, np.int64)
         order = np.empty(pos.size, np.int64)
-        bucket_lookups(pos, low, high, span, last - first, starts, order)
-        for b in range(last - first):
-            for q in range(np.uint64(low + b * span), np.uint64(min(low + (b + 1) * span, high))):
-                out[q] = fill
+        bucket_lookups(pos, low, high, span, blocks, starts, order)
+        for b in range(blocks):
+            fill_block(out, low, high, span, b, fill)
             for k in range(starts[b], starts[b + 1]):
-                if k + GATHER_AHEAD < starts[last - first]:
+                if k + GATHER_AHEAD < starts[blocks]:
                     ahead = np.uint64(order[k + GATHER_AHEAD] * row)
                     for c in range(0, row, line):
                         prefetch_read(value, ahead + np.uint64(c))
