@@ -39,6 +39,8 @@ CASES = {  # x shape, output channels, padding, filter size, stride
     "stride_two_three": ((3, MIN, 10, 11), MIN + 1, (1, 0), (3, 3), (2, 3)),
     "strided_one_by_one": ((2, MIN, 9, 8), MIN, (0, 0), (1, 1), (3, 1)),
     "strided_five_by_four": ((1, MIN + 1, 12, 13), MIN + 4, (2, 1), (5, 4), (2, 2)),
+    # even padding at stride 2: a row's even pixels go to column phase 0 (odd padding: phase 1)
+    "stride_two_even_padding": ((2, MIN, 9, 11), MIN, (0, 2), (3, 3), (2, 2)),
     # outputs whose width is a multiple of a vector's lanes: tiles of a vector's columns down
     # three rows (float32: 16 lanes; float64: 8), two for the rows left (5 rows: 3 + 2)
     "rows_of_tiles": ((2, MIN, 5, 32), MIN, (1, 1), (3, 3), (1, 1)),
@@ -244,8 +246,8 @@ def test_a_non_finite_pixel_at_either_end_of_a_row(case, where, value, rng):
 
 def test_few_channels_and_other_geometries_take_im2col(rng):
     """The direct kernels only where they pay and apply: no dilation, one group, not a 1×1
-    filter at stride 1, at least MIN_CHANNELS output channels (the forward) or input and
-    output channels (the filter gradient)."""
+    filter at stride 1, at least MIN_CHANNELS output channels, and for the filter gradient at
+    least MIN_FILTER_INPUTS input channels."""
     x = rng.standard_normal((2, MIN, 6, 6))
     for op, w in ((Convolution(padding=(1, 1)), rng.standard_normal((MIN - 1, MIN, 3, 3))),
                   (Convolution(dilation=(2, 2), padding=(2, 2)), rng.standard_normal((MIN, MIN, 3, 3))),
@@ -253,10 +255,14 @@ def test_few_channels_and_other_geometries_take_im2col(rng):
                   (Convolution(), rng.standard_normal((MIN, MIN, 1, 1)))):
         kernel = run(op, x, w)
         assert kernel.direct_plan is None and kernel.columns is not None, op
-    few = rng.standard_normal((2, 3, 6, 6))  # 3 input channels: a direct forward, im2col's filter gradient
-    assert by_direct(run(Convolution(padding=(1, 1)), few, rng.standard_normal((MIN, 3, 3, 3))))
+    inputs = library_direct_conv.MIN_FILTER_INPUTS
+    few = rng.standard_normal((2, inputs - 1, 6, 6))  # a direct forward, im2col's filter gradient
+    assert by_direct(run(Convolution(padding=(1, 1)), few, rng.standard_normal((MIN, inputs - 1, 3, 3))))
     kernel = run(ConvolutionBackwardFilter(padding=(1, 1), kernel=(3, 3)), few, rng.standard_normal((2, MIN, 6, 6)))
     assert kernel.direct_plan is None and kernel.columns is not None
+    enough = rng.standard_normal((2, inputs, 6, 6))  # the stem of an RGB network: both direct
+    assert by_direct(run(ConvolutionBackwardFilter(padding=(1, 1), kernel=(3, 3)), enough,
+                         rng.standard_normal((2, MIN, 6, 6))))
 
 
 @pytest.mark.parametrize("kernel_size, padding", [((3, 3), (1, 1)), ((2, 3), (1, 2)), ((1, 1), (0, 0)),
