@@ -191,6 +191,30 @@ def test_a_shared_value_whose_recompute_rereads_many_buffers_is_materialised():
     np.testing.assert_allclose(gc.compile(outputs)(**feeds)[0], want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_value_made_from_a_materialised_one_is_recomputed_after_all():
+    """u = t·row is judged before t (latest first), when recomputing it would read t's three
+    inputs; once t is materialised it reads t alone, so both passes recompute it (a batch
+    norm's dy·γ, where dy sums gradients through ReLU masks)."""
+    with gc.Graph():
+        x, y, z = (gc.input(name, (6, 4)) for name in "xyz")
+        row = gc.input("row", (4,))
+        t = (x + y) * z
+        u = t * row
+        outputs = [u - gc.sum(u, axis=0, keepdims=True), t - gc.sum(t, axis=0, keepdims=True)]
+    _, ctx = fused(outputs)
+    assert t.id in materialised(ctx.fusion)
+    assert u.id not in materialised(ctx.fusion)
+    assert sum(u.id in g.computes for g in loop_kernels(ctx.fusion)) == 2
+    rng = np.random.default_rng(4)
+    feeds = {name: rng.standard_normal((6, 4)).astype(np.float32) for name in "xyz"}
+    feeds["row"] = rng.standard_normal(4).astype(np.float32)
+    shared = (feeds["x"] + feeds["y"]) * feeds["z"]
+    scaled = shared * feeds["row"]
+    got = gc.compile(outputs)(**feeds)
+    np.testing.assert_allclose(got[0], scaled - scaled.sum(axis=0, keepdims=True), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], shared - shared.sum(axis=0, keepdims=True), rtol=1e-5, atol=1e-5)
+
+
 def test_a_shared_value_reading_few_full_size_buffers_is_recomputed():
     """Two full-size reads, or a third that is a broadcast row, read directly or through a
     small value recomputed with it: recomputing is cheaper."""
