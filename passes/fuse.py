@@ -40,12 +40,16 @@ step at 0.982-0.998 of its time (60 kernels against 58, alternated).
 
 The values are chosen latest first, each judged before the earlier values it
 is made from are chosen; one whose recompute then reads within both limits
-is recomputed after all (`_recompute_cheap_after_all`). In layernorm_gelu
-and gpt a layer norm's x − mean and the products made from it, and in the
-cnn a batch norm's dy·γ, were stored where each is one operation on another
-stored value. Recomputed, alternated in one process (seven rounds of 15-30
-steps, the middle round): layernorm_gelu in 0.939 of its time (0.929-0.963),
-gpt 0.983 (0.969-0.986), the cnn 0.992 (0.987-0.998).
+is recomputed after all (`_recompute_cheap_after_all`). In the cnn a batch
+norm's dy·γ, and in gpt layer norms' x − mean and the products made from
+it, were stored where each is one operation on another stored value: the
+cnn's step now stores 14 full-size buffers instead of 16, gpt's 111 instead
+of 131. Alternated in one process (seven rounds of 15-20 steps, the middle
+round): the cnn in 0.992 of its time (0.987-0.998), gpt 0.983 (0.969-0.986;
+0.992 with the new plan compiled first). In layernorm_gelu, one loop either
+way, four values of a row are recomputed in a later phase instead of kept
+in a row buffer for it; its time moved within the noise (medians of 200 steps in ten
+alternated processes, 3.35-5.15 ms either way).
 
 How roots share loops (`FusedLoop`): roots are visited in topological
 order; a root joins an earlier loop over the same iteration domain (the
