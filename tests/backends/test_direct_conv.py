@@ -146,6 +146,38 @@ def test_empty_batch(rng):
         assert run(op, *inputs).direct_plan is not None or op is data
 
 
+@pytest.mark.parametrize("size, padding, stride", [
+    ((5, 7), (1, 1), (1, 1)), ((6, 6), (1, 1), (2, 2)), ((7, 5), (1, 2), (2, 2)), ((4, 4), (0, 0), (2, 2)),
+    ((5, 9), (0, 3), (3, 2)), ((6, 7), (2, 1), (1, 3)), ((5, 5), (1, 0), (2, 1)), ((9, 8), (2, 2), (3, 3))])
+def test_padded_image_phases_against_a_loop_over_every_pixel(size, padding, stride, rng):
+    """`_pad_image`, which every direct kernel reads, against a plain loop: padded pixel (r, s) of
+    channel c at ((r mod stride_h)·stride_w + s mod stride_w)·channels + c)·plane + (r div stride_h)
+    ·pitch + s div stride_w, zero in the padding and in each plane's spare elements; a buffer of
+    more channels than the image's keeps its other planes untouched. Strides 1 to 3 per axis
+    (stride_w 2: both column phases filled by one loop over pixel pairs), paddings 0 to 3, odd
+    and even sizes."""
+    (height, width), (pad_h, pad_w), (stride_h, stride_w) = size, padding, stride
+    x = rng.standard_normal((3, 2, height, width)).astype(np.float32)
+    pitch = -(-(width + 2 * pad_w) // stride_w) + 1
+    lines = -(-(height + 2 * pad_h) // stride_h)
+    plane, channels_up = lines * pitch + 5, 3
+    image = np.full(stride_h * stride_w * channels_up * plane, np.nan, np.float32)
+    library_direct_conv._pad_image(x, 1, image, pad_h, pad_w, stride_h, stride_w, pitch, plane)
+    want = np.full_like(image, np.nan)
+    for phase in range(stride_h * stride_w):
+        for c in range(x.shape[1]):
+            want[(phase * channels_up + c) * plane:(phase * channels_up + c + 1) * plane] = 0
+    for r in range(height + 2 * pad_h):
+        for s in range(width + 2 * pad_w):
+            ih, iw = r - pad_h, s - pad_w
+            for c in range(x.shape[1]):
+                phase = (r % stride_h) * stride_w + s % stride_w
+                inside = 0 <= ih < height and 0 <= iw < width
+                want[(phase * channels_up + c) * plane + r // stride_h * pitch + s // stride_w] = (
+                    x[1, c, ih, iw] if inside else 0)
+    np.testing.assert_array_equal(image, want)
+
+
 def buffers(plan) -> list:
     """Every buffer a direct plan holds for its threads."""
     if isinstance(plan, library_direct_conv.PhasedDataGradient):
