@@ -119,6 +119,20 @@ def test_forward_into_a_strided_output_goes_through_sums(case, rng):
     assert kernel.direct_plan.row_tiles is not None and kernel.direct_plan.forward_sums is not None
 
 
+@pytest.mark.parametrize("case", ["stride_two", "stride_two_three"])
+def test_strided_data_gradient_into_a_strided_output(case, rng):
+    """The phases are interleaved into dx flat, so an output that is not contiguous gets a
+    contiguous copy that is written into it once: the same values, nothing else written."""
+    _, data, _, x_shape, w_shape, y_shape = ops(case)
+    w, dy = rng.standard_normal(w_shape), rng.standard_normal(y_shape)
+    kernel = library_kernel(data)
+    whole = np.full((x_shape[0], x_shape[1] + 1, *x_shape[2:]), 7.0)
+    kernel(w, dy, out=whole[:, 1:])
+    assert_close(whole[:, 1:], data.reference(w, dy), rtol=1e-10, label=case)
+    assert (whole[:, 0] == 7.0).all()
+    assert by_direct(kernel)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case, route", [("rows_of_tiles", "in place"), ("same_odd", "spread")])
 def test_filter_gradient_transposes_dy_in_place_or_through_rows(case, route, dtype, rng, monkeypatch):
