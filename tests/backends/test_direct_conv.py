@@ -105,32 +105,33 @@ def test_direct_equals_the_reference(case, dtype, rng):
         assert by_direct(data_kernel) == (forward.stride != (1, 1)), case
 
 
+def into_a_strided_output(op, inputs, shape):
+    """The op's kernel applied once into a view of a larger buffer (not contiguous): checked
+    against the reference, and the rest of the buffer untouched. Returns the kernel."""
+    kernel = library_kernel(op)
+    whole = np.full((shape[0], shape[1] + 1, *shape[2:]), 7.0)
+    kernel(*inputs, out=whole[:, 1:])
+    assert_close(whole[:, 1:], op.reference(*inputs), rtol=1e-10, label=op.describe())
+    assert (whole[:, 0] == 7.0).all()
+    return kernel
+
+
 @pytest.mark.parametrize("case", ["rows_of_tiles", "rows_of_vectors"])
 def test_forward_into_a_strided_output_goes_through_sums(case, rng):
-    """An output that is not contiguous (a view of a larger buffer) cannot take the tiles in
-    place: the forward computes the sums and copies them out, and writes nothing else."""
+    """An output that is not contiguous cannot take the tiles in place: the forward computes the
+    sums and copies them out, and writes nothing else."""
     forward, _, _, x_shape, w_shape, y_shape = ops(case)
-    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
-    kernel = library_kernel(forward)
-    whole = np.full((y_shape[0], y_shape[1] + 1, *y_shape[2:]), 7.0)
-    kernel(x, w, out=whole[:, 1:])
-    assert_close(whole[:, 1:], forward.reference(x, w), rtol=1e-10, label=case)
-    assert (whole[:, 0] == 7.0).all()
+    kernel = into_a_strided_output(forward, (rng.standard_normal(x_shape), rng.standard_normal(w_shape)), y_shape)
     assert kernel.direct_plan.row_tiles is not None and kernel.direct_plan.forward_sums is not None
 
 
 @pytest.mark.parametrize("case", ["stride_two", "stride_two_three"])
 def test_strided_data_gradient_into_a_strided_output(case, rng):
     """The phases are interleaved into dx flat, so an output that is not contiguous gets a
-    contiguous copy that is written into it once: the same values, nothing else written."""
+    contiguous copy that is written into it once."""
     _, data, _, x_shape, w_shape, y_shape = ops(case)
-    w, dy = rng.standard_normal(w_shape), rng.standard_normal(y_shape)
-    kernel = library_kernel(data)
-    whole = np.full((x_shape[0], x_shape[1] + 1, *x_shape[2:]), 7.0)
-    kernel(w, dy, out=whole[:, 1:])
-    assert_close(whole[:, 1:], data.reference(w, dy), rtol=1e-10, label=case)
-    assert (whole[:, 0] == 7.0).all()
-    assert by_direct(kernel)
+    assert by_direct(into_a_strided_output(data, (rng.standard_normal(w_shape), rng.standard_normal(y_shape)),
+                                           x_shape))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
