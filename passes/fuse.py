@@ -48,8 +48,8 @@ of 131. Alternated in one process (seven rounds of 15-20 steps, the middle
 round): the cnn in 0.992 of its time (0.987-0.998), gpt 0.983 (0.969-0.986;
 0.992 with the new plan compiled first). In layernorm_gelu, one loop either
 way, four values of a row are recomputed in a later phase instead of kept
-in a row buffer for it; its time moved within the noise (medians of 200 steps in ten
-alternated processes, 3.35-5.15 ms either way).
+in a row buffer for it; its time moved within the noise (medians of 200
+steps in ten alternated processes, 3.35-5.15 ms either way).
 
 How roots share loops (`FusedLoop`): roots are visited in topological
 order; a root joins an earlier loop over the same iteration domain (the
