@@ -32,25 +32,26 @@ RTOL = {"float64": 1e-10, "float32": 1e-5}
 SHAPE = (3, 2, 6, 7)  # NCHW
 
 
-def warp_loss(dtype: str, mode: str, wrt: tuple[str, ...] = ("img", "mat"), squared: bool = False):
+def warp_loss(dtype: str, mode: str, wrt: tuple[str, ...] = ("img", "mat"), squared: bool = False,
+              shape: tuple[int, ...] = SHAPE):
     """loss = Σ warp_affine(img, mat) · r (or Σ warp² · r, whose upstream gradient reads the
     warp), and its gradients with respect to `wrt`."""
     with gc.Graph("warp"):
-        img = gc.param("img", SHAPE, dtype)
-        mat = gc.param("mat", (SHAPE[0], 2, 3), dtype)
-        r = gc.input("r", SHAPE, dtype)
-        warped = gc.warp_affine(img, mat, SHAPE[2:], border_mode=mode, border_val=0.4, format="NCHW")
+        img = gc.param("img", shape, dtype)
+        mat = gc.param("mat", (shape[0], 2, 3), dtype)
+        r = gc.input("r", shape, dtype)
+        warped = gc.warp_affine(img, mat, shape[2:], border_mode=mode, border_val=0.4, format="NCHW")
         loss = ((warped * warped if squared else warped) * r).sum()
         grads = gc.grad(loss, [{"img": img, "mat": mat}[name] for name in wrt])
     return [loss, *grads]
 
 
-def feeds(rng, dtype: str) -> dict:
-    img = rng.standard_normal(SHAPE)
+def feeds(rng, dtype: str, shape: tuple[int, ...] = SHAPE) -> dict:
+    img = rng.standard_normal(shape)
     img[1, 0, 2, 3] = np.nan
-    mat = np.tile(np.eye(3)[:2], (SHAPE[0], 1, 1)) + rng.normal(0, 0.2, (SHAPE[0], 2, 3)) * [1, 1, 5]
-    r = rng.standard_normal(SHAPE)
-    r[2, 1, 4, 5] = np.nan
+    mat = np.tile(np.eye(3)[:2], (shape[0], 1, 1)) + rng.normal(0, 0.2, (shape[0], 2, 3)) * [1, 1, 5]
+    r = rng.standard_normal(shape)
+    r[2, shape[1] - 1, 4, 5] = np.nan
     return {k: v.astype(dtype) for k, v in dict(img=img, mat=mat, r=r).items()}
 
 
@@ -86,6 +87,18 @@ def test_a_warp_and_its_two_gradients_are_one_step(rng, monkeypatch, dtype, mode
                                                                  WarpPerspectiveBackwardData,
                                                                  WarpPerspectiveBackwardMat))]
     assert not alone, "a warp call still ran on its own"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("channels", [1, 5, 9])
+@pytest.mark.parametrize("mode", ["replicate", "constant"])
+def test_the_joint_call_adds_any_number_of_channels(rng, monkeypatch, mode, channels):
+    """The image gradient adds a pixel's channels in groups of four (`_scatter_row`): one
+    channel and three of padding, a group and one, two groups and one."""
+    monkeypatch.setattr(library, "PARALLEL_MIN_WORK", 0)
+    shape = (3, channels, 6, 7)
+    step = check(warp_loss("float64", mode, shape=shape), feeds(rng, "float64", shape), "float64")
+    assert len(sibling_steps(step)) == 1
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -263,11 +263,15 @@ def test_constant_mode_replaces_a_non_finite_result(rng):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("with_idx", [False, True])
-def test_backward_data_is_the_adjoint(rng, mode, fmt, with_idx):
+@pytest.mark.parametrize("channels", [1, 3, 6])
+def test_backward_data_is_the_adjoint(rng, mode, fmt, with_idx, channels):
+    """<warp(x), y> = <x, BackwardData(y)>, and the compiled calls equal the reference's. The
+    channel counts fill the image gradient's groups of four partly, almost, and one and a half
+    times (`_scatter_row`)."""
     n_src, n_mat = 2, (3 if with_idx else 2)
     mat = random_perspective(rng, n_mat, scale=0.3)
-    src_shape = (n_src, 3, 5, 6) if fmt == "NCHW" else (n_src, 5, 6, 3)
-    out_shape = (n_mat, 3, 4, 7) if fmt == "NCHW" else (n_mat, 4, 7, 3)
+    src_shape = (n_src, channels, 5, 6) if fmt == "NCHW" else (n_src, 5, 6, channels)
+    out_shape = (n_mat, channels, 4, 7) if fmt == "NCHW" else (n_mat, 4, 7, channels)
     x, y = rng.standard_normal(src_shape), rng.standard_normal(out_shape)
     feeds = dict(x=x, y=y, mat=mat)
     with gc.Graph("adjoint") as g:
@@ -283,6 +287,9 @@ def test_backward_data_is_the_adjoint(rng, mode, fmt, with_idx):
     warped_v, back_v = gc.evaluate([warped, back], feeds)
     assert back_v.shape == src_shape
     assert np.sum(warped_v * y) == pytest.approx(np.sum(x * back_v), rel=1e-12)
+    compiled_warped, compiled_back = gc.compile([warped, back])(**feeds)
+    np.testing.assert_allclose(compiled_warped, warped_v, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(compiled_back, back_v, rtol=1e-12, atol=1e-12)
 
 
 # -- BackwardMat is d out / d mat (§9.5) ----------------------------------------------------------

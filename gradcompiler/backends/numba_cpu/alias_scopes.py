@@ -3,6 +3,9 @@
     load_source(array, index)           # array[index], from memory no store_result writes
     load_result(array, index)           # array[index], from memory store_result may write
     store_result(array, index, value)   # array[index] = value (cast to the array's dtype)
+    add_scaled_group(sums, at, weight, row, at_row)
+        # sums[at:at + GROUP] += weight * row[at_row:at_row + GROUP], float64, one vector
+        # operation: sums a result, row a source
 
 `index` is an integer for a 1-D array, else a tuple of one integer per axis,
 never negative (no wraparound, no bounds check: the loops that use these
@@ -126,3 +129,47 @@ def store_result(typingctx, array, index, value):
         return context.get_dummy_value()
 
     return types.none(array, index, value), codegen
+
+
+GROUP = 4   # float64 lanes of `add_scaled_group`: one 256-bit register
+
+
+@intrinsic
+def add_scaled_group(typingctx, sums, at, weight, row, at_row):
+    """sums[at:at + GROUP] += weight * row[at_row:at_row + GROUP]: one load, multiply, add
+    and store of <GROUP x double>, so the lanes' values are those of GROUP scalar updates (a
+    multiply, then an add). sums is a result, row a source (the module's contract); both are
+    1-D float64 arrays and neither range is checked.
+
+    Why an intrinsic: GROUP adjacent scalar updates are what LLVM's SLP vectoriser packs,
+    and Numba turns that vectoriser off (numba#8705); a loop over the lanes is unrolled
+    before the loop vectoriser sees it. A scatter that adds a pixel's channels into one
+    element's channel group (`library_vision._scatter_row`) would stay GROUP scalar
+    read-modify-writes."""
+    if not all(isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float64 for a in (sums, row)):
+        return None
+    if not (isinstance(at, types.Integer) and isinstance(at_row, types.Integer)
+            and isinstance(weight, (types.Float, types.Integer))):
+        return None
+
+    def codegen(context, builder, signature, args):
+        sums_type, at_type, weight_type, row_type, at_row_type = signature.args
+        sums_array, at_value, weight_value, row_array, at_row_value = args
+        group = ir.VectorType(ir.DoubleType(), GROUP)
+        target = builder.bitcast(_element_pointer(context, builder, sums_type, at_type, sums_array, at_value),
+                                 group.as_pointer())
+        source = builder.bitcast(_element_pointer(context, builder, row_type, at_row_type, row_array, at_row_value),
+                                 group.as_pointer())
+        old = builder.load(target, align=8)
+        _tag(old, builder.module, source=False)
+        values = builder.load(source, align=8)
+        _tag(values, builder.module, source=True)
+        scalar = context.cast(builder, weight_value, weight_type, types.float64)
+        lanes = builder.insert_element(ir.Constant(group, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
+        splat = builder.shuffle_vector(lanes, ir.Constant(group, ir.Undefined),
+                                       ir.Constant(ir.VectorType(ir.IntType(32), GROUP), [0] * GROUP))
+        store = builder.store(builder.fadd(old, builder.fmul(splat, values)), target, align=8)
+        _tag(store, builder.module, source=False)
+        return context.get_dummy_value()
+
+    return types.none(sums, at, weight, row, at_row), codegen
