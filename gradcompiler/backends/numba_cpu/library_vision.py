@@ -341,7 +341,9 @@ def _scatter_row(sums, row_g, base, sw, channels, offsets, weights, g, first, gc
     0.79 ms with this and the matrix gradient's per-pixel sums (`_add_row_terms`);
     the groups alone 1.03 -> 0.90, the left taps first 0.83 -> 0.79 (medians of 100
     calls, two threads). `constant`: whether to check for border taps (CONSTANT mode,
-    the only one with them)."""
+    the only one with them). The first group is added outside the loop over groups, which
+    for four channels or fewer then never runs: 0.94-0.96 of the call's time against the
+    loop alone (medians of 100 calls, seven rounds alternated in one process, both orders)."""
     pitch = _channel_pitch(channels)
     width = offsets.shape[1]
     for c in range(channels):
@@ -359,7 +361,8 @@ def _scatter_row(sums, row_g, base, sw, channels, offsets, weights, g, first, gc
                     if sw != 1:
                         tap = tap // sw
                     at, weight = tap * pitch, weights[j, ow]
-                    for group in range(0, pitch, GROUP):
+                    add_scaled_group(sums, np.uint64(at), weight, row_g, np.uint64(at_g))
+                    for group in range(GROUP, pitch, GROUP):   # none up to four channels
                         add_scaled_group(sums, np.uint64(at + group), weight, row_g, np.uint64(at_g + group))
 
 
