@@ -101,6 +101,17 @@ def test_the_joint_call_adds_any_number_of_channels(rng, monkeypatch, mode, chan
     assert len(sibling_steps(step)) == 1
 
 
+def test_the_joint_call_on_an_empty_batch(rng):
+    """No matrices and no images: the joint call runs no pixel and the loss and both gradients
+    are those of the reference (0 and empty arrays)."""
+    shape = (0, 3, 6, 7)
+    values = dict(img=np.zeros(shape), mat=np.zeros((0, 2, 3)), r=np.zeros(shape))
+    step = check(warp_loss("float64", "replicate", shape=shape), values, "float64")
+    assert len(sibling_steps(step)) == 1
+    loss, d_img, d_mat = step(**values)
+    assert loss == 0 and d_img.shape == shape and d_mat.shape == (0, 2, 3)
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_a_warp_whose_gradient_reads_it_stays_apart_from_them(rng):
     """With loss = Σ warp² · r the upstream gradient is made from the warp's output: joining the
