@@ -469,7 +469,7 @@ def _add_row_terms(total, sums, src, sc, channels, offsets, weights, points, coo
     for ow in range(width):
         xs, ys, inv = load_source(points, (0, ow)), load_source(points, (1, ow)), 1 / load_source(points, (2, ow))
         finite, fx = _finite(weights, ow), np.float64(load_source(coords, ow))
-        d_x, d_y = load_source(sums, (0, ow)), load_source(sums, (1, ow))
+        d_x, d_y = load_result(sums, (0, ow)), load_result(sums, (1, ow))   # `_add_channel_slopes` stores them
         _add_partial(total, 0, ow, d_x * inv if finite else 0.0, fx, fy)
         _add_partial(total, 3, ow, d_y * inv if finite else 0.0, fx, fy)
         _add_partial(total, 6, ow, -(d_x * xs + d_y * ys) * inv if finite else 0.0, fx, fy)
