@@ -12,16 +12,21 @@ Two loops ask for memory ahead of use, and both must still equal an independent 
   exactly one block, a partial last block, a row longer than ROW_SPLIT (the register sum's
   blocks, each in prefetching blocks), a NaN row, one row (it asks for itself), no rows, and
   enough rows to run parallel. A row shorter than a block asks for nothing.
+
+And a function may ask for lines of arrays of different dtypes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from numba import njit
 
 import gradcompiler as gc
+from gradcompiler.backends.numba_cpu import cache
 from gradcompiler.backends.numba_cpu.codegen import PREFETCH_BLOCK
 from gradcompiler.backends.numba_cpu.library_indexing import GATHER_AHEAD
+from gradcompiler.backends.numba_cpu.prefetch import prefetch_read, prefetch_write
 from gradcompiler.backends.numba_cpu.rowreduce import ROW_SPLIT
 from tests.oracle import assert_close
 
@@ -78,3 +83,34 @@ def test_a_kernel_prefetching_the_next_row_equals_the_reference(rng, dtype, rows
 def test_a_row_shorter_than_a_block_asks_for_nothing():
     step = gc.compile(_layer_norm_gelu(6, PREFETCH_BLOCK - 1, "float32"))
     assert "prefetch" not in step.source()
+
+
+def test_one_function_asks_for_lines_of_two_dtypes():
+    """A module declares `llvm.prefetch` once, so the second dtype's pointer must fit it: the
+    address is cast to a byte pointer (a float table and int indices failed to compile)."""
+    @njit
+    def ask_and_read(floats, ints):
+        prefetch_read(floats, 0)
+        prefetch_write(ints, 1)
+        prefetch_read(ints, 0)
+        return floats[0] + ints[1]
+
+    assert ask_and_read(np.array([1.5, 2.0], np.float32), np.array([3, 4], np.int64)) == 5.5
+
+
+def test_a_gather_absorbed_into_its_loop_with_int_positions_compiles(rng, monkeypatch, tmp_path):
+    """The graph the fuzz found: rows of a float32 table gathered through int32 indices into the
+    loop that reads them, which asks for the table's rows ahead; compiled into an empty kernel
+    cache, so that nothing compiled before stands in for it. Oracle: the reference."""
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
+    with gc.Graph("one_hot_gather"):
+        p0 = gc.param("p0", (), "float32")
+        i1, i2 = gc.input("i1", (1,), "int32"), gc.input("i2", (2,), "int32")
+        square = p0.reshape((1, 1))
+        table = gc.indexing_set_one_hot(square, i1, square, axis=1)
+        rows = table[i2]
+        loss = (gc.sigmoid(rows) * rows).sum()
+        outputs = [loss, *gc.grad(loss, [p0])]
+    feeds = dict(p0=np.float32(0.5), i1=np.array([0], np.int32), i2=np.array([0, 0], np.int32))
+    for got, want in zip(gc.compile(outputs)(**feeds), gc.evaluate(outputs, feeds)):
+        assert_close(got, want, rtol=TOLERANCE["float32"])

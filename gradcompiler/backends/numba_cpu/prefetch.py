@@ -42,8 +42,11 @@ them in 0.57 (1.42 ms against 2.51 with none)."""
 
 def emit_prefetch(builder: ir.IRBuilder, address: ir.Value, write: int) -> None:
     """The `llvm.prefetch` of the line at `address` into the L1 data cache, for an intrinsic that
-    emits its own IR (the matrix products' micro-tile)."""
+    emits its own IR (the matrix products' micro-tile). The address is cast to a byte pointer:
+    a module declares the intrinsic once, so a function that asks for lines of two dtypes (a
+    float table and its int indices) would otherwise call it with a second pointer type."""
     i32 = ir.IntType(32)
+    address = builder.bitcast(address, ir.IntType(8).as_pointer())
     hint = ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32])
     call = cgutils.get_or_insert_function(builder.module, hint, "llvm.prefetch.p0")
     builder.call(call, [address, i32(write), i32(3), i32(1)])   # rw, locality, data cache
