@@ -154,8 +154,7 @@ def _pad_image(x, n, image, pad_h, pad_w, stride_h, stride_w, pitch, plane):
                 if ih < 0 or ih >= height:
                     _zero(image, line, line + pitch)
                     continue
-                _zero(image, line, line + first)
-                _zero(image, line + stop, line + pitch)
+                _zero_borders(image, line, first, stop, pitch)
                 source = ((n * channels + c) * height + ih) * width + first * stride_w + b - pad_w
                 if stride_w == 1:  # contiguous
                     for j in range(stop - first):
@@ -198,10 +197,8 @@ def _pad_pairs(x, n, image, pad_h, pad_w, stride_h, pitch, plane):
                     _zero(image, even_line, even_line + pitch)
                     _zero(image, odd_line, odd_line + pitch)
                     continue
-                _zero(image, even_line, even_line + first0)
-                _zero(image, even_line + stop0, even_line + pitch)
-                _zero(image, odd_line, odd_line + first1)
-                _zero(image, odd_line + stop1, odd_line + pitch)
+                _zero_borders(image, even_line, first0, stop0, pitch)
+                _zero_borders(image, odd_line, first1, stop1, pitch)
                 _split_row(pixels, ((n * channels + c) * height + ih) * width, width, image, even_line, odd_line,
                            pad_w)
 
@@ -211,6 +208,13 @@ def _zero(flat, start, stop):
     """flat[start:stop] = 0, indexed unsigned (`_pad_image`)."""
     for p in range(start, stop):
         flat[np.uint64(p)] = 0
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _zero_borders(flat, line, first, stop, pitch):
+    """The columns of a padded line outside the image's, [0, first) and [stop, pitch)."""
+    _zero(flat, line, line + first)
+    _zero(flat, line + stop, line + pitch)
 
 
 @njit(inline="always", cache=True, error_model="numpy")

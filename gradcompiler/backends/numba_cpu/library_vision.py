@@ -371,8 +371,9 @@ def _store_image(grad, first, sums, channels, sc, sw):
     """The image from `first` in `grad` (channel stride sc, pixel stride sw) = its float64
     `sums` (`_scatter_row`), converted to grad's dtype."""
     pitch = _channel_pitch(channels)
+    pixels = sums.size // pitch
     for c in range(channels):
-        for s in range(sums.size // pitch):
+        for s in range(pixels):
             grad[np.uint64(first + c * sc + s * sw)] = sums[np.uint64(s * pitch + c)]
 
 
@@ -557,13 +558,15 @@ def _add_matrix_row(total, sums, image_grad, row_g, scatter, m, oh, base, src, s
     """Row oh of the matrix `m` (its image at `base`, its g from `first`) into BackwardMat's
     `total`; with `scatter` (a literal) into BackwardData's float64 `image_grad` too
     (`_scatter_row`), from the same taps, the row of g still in L1; with `sample` (a literal)
-    the forward warp's row into `forward` too (the row's first element `forward_row`, the
-    channel and pixel strides `oc`, `ow_stride`), from the same gathers (`_add_channel_slopes`)."""
+    the forward warp's row into `forward` too (`forward_at`: the row's first element, the
+    channel and pixel strides), from the same gathers (`_add_channel_slopes`). One tuple for
+    the three: CPython 3.11 passes a call of more than 30 positional arguments as *args, and
+    Numba's inliner rejects that ("Calling a closure with *args")."""
     _row_taps(m, oh, coords, in_h, in_w, mode, base, sh, sw, offsets, weights, points)
     fy, row = np.float64(coords[oh]), first + oh * gh
+    forward_row, oc, ow_stride = forward_at
     _start_row_sums(sums, points, coords, fy)
     for c in range(channels):
-        forward_row, oc, ow_stride = forward_at
         k, line, forward_line = c * sc, row + c * gc, forward_row + c * oc
         if mode == _CONSTANT:
             _add_channel_slopes(sums, src, k, offsets, weights, points, g, line, gw, border_val, True,
