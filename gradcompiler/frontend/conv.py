@@ -6,15 +6,8 @@ Arguments are ints or (h, w) pairs, as in torch; the ops check the values.
 batch_norm is a composite of reductions and elementwise ops rather than an
 op: the fuser then sees its pieces (the mean and the variance share one
 pass, the normalisation fuses into the consumer). In training mode its
-normalisation x̂ = (x − μ)·r, r = 1/√(σ² + eps), has a backward of its own
-(an exact `CustomGradient`, gradcompiler/custom.py): dx = r·(g − mean(g) −
-x̂·mean(g·x̂)), the standard form, two reductions in one pass over g and x,
-then one elementwise pass. Autodiff through μ and σ² derives the same value
-as g·r plus terms through the variance and the mean, and its mean of that
-sum needs a pass of its own: three passes over the activations, of 3, 4 and
-2 tensors against 3 and 4. The cnn step ran in 0.968-0.988 of the time, 0.971
-in the middle (58.6 ms against 59.9), over nine rounds alternating the two
-in one process on two threads of an AMD EPYC (Zen 4).
+normalisation x̂ = (x − μ)·r has the standard backward of its own, two
+reductions in one pass and one elementwise pass (frontend/normalisation.py).
 """
 
 from __future__ import annotations
@@ -25,9 +18,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..ops.conv import Convolution, ConvolutionBackwardData, window_extent
-from ..ops.custom import CustomGradient
 from ..ops.pool import Pooling
 from .math import matmul, mean, rsqrt, stop_gradient
+from .normalisation import normalise
 from .shapes import reshape, swapaxes
 from .tensor import Tensor, apply, constant, reports_user_line
 
@@ -166,7 +159,7 @@ def batch_norm(x: Tensor, gamma: Tensor | None = None, beta: Tensor | None = Non
         if count < 2:
             raise ShapeError(f"training needs more than one value per channel, input {x.shape}",
                              op=name)
-        y, mu, var = _normalised(x, axes, eps)
+        y, mu, var, _ = normalise(x, axes, eps, name)
     else:
         if running_mean is None:
             raise ShapeError("training=False needs running_mean and running_var", op=name)
@@ -186,24 +179,3 @@ def batch_norm(x: Tensor, gamma: Tensor | None = None, beta: Tensor | None = Non
     new_mean = running_mean * (1.0 - momentum) + batch_mean * momentum
     new_var = running_var * (1.0 - momentum) + unbiased * momentum
     return y, new_mean, new_var
-
-
-def _normalised(x: Tensor, axes: tuple[int, ...], eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(x̂, μ, σ²) of the batch's statistics over `axes`, x̂ with the backward
-    `_normalised_backward` (module docstring)."""
-    with x.graph.scope("batch_norm"):
-        mu = mean(x, axes, keepdims=True)
-        centred = x - mu
-        var = mean(centred * centred, axes, keepdims=True)
-        inv_std = rsqrt(var + eps)
-        op = CustomGradient(_normalised_backward, "batch_norm", arguments=1, residuals=3, exact=True)
-        return apply(op, x, x, mu, inv_std, centred * inv_std), mu, var
-
-
-def _normalised_backward(g: Tensor, x: Tensor, mu: Tensor, inv_std: Tensor) -> list[Tensor]:
-    """dx of x̂ = (x − μ)·r with μ and r the batch's: r·(g − mean(g) − x̂·mean(g·x̂)), means over
-    every axis but the channels'. A module-level function, so a pickled graph keeps it."""
-    axes = (0,) + tuple(range(2, g.ndim))
-    normalised = (x - mu) * inv_std
-    return [inv_std * (g - mean(g, axes, keepdims=True)
-                       - normalised * mean(g * normalised, axes, keepdims=True))]
