@@ -130,7 +130,7 @@ def test_a_train_step_with_a_lambda_custom_gradient_pickles(rng):
 def test_a_module_level_backward_travels_with_a_pickled_graph(rng):
     """batch_norm's backward is a module-level function: pickle names it, so the unpickled
     graph keeps it (and can still be differentiated), where a lambda's stays behind."""
-    from gradcompiler.frontend.conv import _normalised_backward
+    from gradcompiler.frontend.normalisation import _normalised_backward
 
     with gc.Graph("bn"):
         x, t = gc.param("x", (B, 3), "float64"), gc.input("t", (B, 3), "float64")

@@ -9,7 +9,9 @@ with three intended changes since: the spatial_transformer's two warp gradients 
 step (sibling calls, fuse's module docstring); attention's loss is summed from V and its
 gradient instead of from the product P·V, which is gone (simplify's `products`); and the
 cnn's batch-norm gradients store their upstream gradient instead of recomputing it in
-both passes, as does the GPT-like stack at three blocks (fuse's REREAD_LIMIT).
+both passes, as does the GPT-like stack at three blocks (fuse's REREAD_LIMIT); and
+layer_norm's and gelu_tanh's own backwards (op-reference §21) fuse fewer ops into the same
+kernels of layernorm_gelu, gpt, the residual MLP and the GPT-like stack.
 """
 
 from __future__ import annotations
