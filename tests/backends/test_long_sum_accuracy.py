@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
+from gradcompiler.backends.numba_cpu.codegen import ROW_CHAIN_MIN, ROW_CHAINS
+from gradcompiler.backends.numba_cpu.rowreduce import ROW_SPLIT
 
 LENGTHS = [2**24 - 1, 2**24 + 1, 10**7 + 3]
 RTOL = 1e-6
@@ -55,3 +57,30 @@ def test_long_axes_inside_two_dimensional_reductions(shape, axis):
         for got in (step(x=values), gc.evaluate(outputs, {"x": values})):
             _assert_close(got[0], values, axis, mean=False)
             _assert_close(got[1], values, axis, mean=True)
+
+
+@pytest.mark.parametrize("width", [4 * ROW_CHAIN_MIN, 1000, ROW_SPLIT])
+def test_a_light_row_sum_is_split_into_independent_chains(width):
+    """The row sums of light loops (a mean, a variance) are ROW_CHAINS blocks, each its own
+    chain of vector additions, added in float64; a heavy loop's row sum stays one chain. All
+    close to float64 numpy's, on widths whose ROW_CHAINS-th leaves a partial vector (1000)."""
+    with gc.Graph("row_chains"):
+        x = gc.input("x", (3, width))
+        centred = x - gc.mean(x, axis=1, keepdims=True)
+        variance = gc.mean(centred * centred, axis=1, keepdims=True)
+        z = centred * gc.rsqrt(variance + 1.0)
+        heavy = gc.tanh(gc.exp(z) * gc.sin(z) + gc.cos(z) * z)
+        outputs = [variance, gc.sum(heavy, axis=1)]
+    step = gc.compile(outputs)
+    source = step.source()
+    block = -(-width // (ROW_CHAINS * 16)) * 16
+    assert source.count(f"for j1 in range(0, {width}, {block}):") == 2  # the mean, the variance
+    for values in _values((3, width)):
+        wide = values.astype(np.float64)
+        centred = wide - wide.mean(axis=1, keepdims=True)
+        variance = (centred * centred).mean(axis=1, keepdims=True)
+        z = centred / np.sqrt(variance + 1.0)
+        heavy = np.tanh(np.exp(z) * np.sin(z) + np.cos(z) * z)
+        for got in (step(x=values), gc.evaluate(outputs, {"x": values})):
+            np.testing.assert_allclose(got[0], variance, rtol=1e-5)
+            np.testing.assert_allclose(got[1], heavy.sum(axis=1), rtol=1e-5, atol=1e-5)
