@@ -16,6 +16,7 @@ import numpy as np
 
 import gradcompiler as gc
 
+from ..frontend.normalisation import normalise
 from ..frontend.tensor import Tensor
 
 _INT_MAX = 2 ** 63 - 1
@@ -308,12 +309,9 @@ def layer_normalization(c):
     if c.attr("stash_type", 1) != 1:
         raise c.refuse("stash_type", c.attr("stash_type"), "1")
     axis = int(c.attr("axis", -1)) % x.ndim
-    axes = tuple(range(axis, x.ndim))
-    mu = gc.mean(x, axes, keepdims=True)
-    centred = x - mu
-    inv_std = gc.rsqrt(gc.mean(centred * centred, axes, keepdims=True) + c.attr("epsilon", 1e-5))
-    y = centred * inv_std * scale
-    return [y if bias is None else y + bias, mu, inv_std]
+    normalised = normalise(x, tuple(range(axis, x.ndim)), c.attr("epsilon", 1e-5), "LayerNormalization")
+    y = normalised.value * scale
+    return [y if bias is None else y + bias, normalised.mean, normalised.inv_std]
 
 
 def _loss_options(c):

@@ -35,7 +35,6 @@ def _gelu_tanh_by_its_formula(x):
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_layer_norm_gradients(order, axis, rng):
     shape = (3, 4, 5)
-    width = shape[axis]
     param_shape = tuple(n if k == axis % 3 else 1 for k, n in enumerate(shape))
     with gc.Graph("ln_grad"):
         x = gc.param("x", shape, F64)
@@ -43,7 +42,6 @@ def test_layer_norm_gradients(order, axis, rng):
         y = gc.layer_norm(x, gamma, beta, axis=axis)
         feeds = {"x": rng.standard_normal(shape), "gamma": rng.standard_normal(param_shape),
                  "beta": rng.standard_normal(param_shape)}
-        assert width > 1
         assert_grads(gc.tanh(y) * y, [x, gamma, beta], feeds, order=order)
 
 

@@ -150,6 +150,8 @@ light loop (module docstring): independent chains of vector additions, one each.
 ROW_CHAIN_MIN = 128
 """Points of each block of a split row sum, at least (module docstring)."""
 
+_VECTOR_LANES = 16  # float32 lanes of a 512-bit vector: a block of a split row is whole vectors
+
 ROW_CHAIN_WORK = 8
 """Instructions per point of a light loop, at most: one whose row sum's chain of dependent vector
 additions is what bounds it (module docstring)."""
@@ -219,11 +221,10 @@ class _ReductionPlan:
 
 def _row_block(length: int) -> int:
     """Points per block of a blocked chain along an innermost loop of `length` points: ROW_SPLIT
-    for a long one, else a ROW_CHAINS-th of it, rounded up to whole 512-bit vectors (module
-    docstring)."""
+    for a long one, else a ROW_CHAINS-th of it, rounded up to whole vectors (module docstring)."""
     if length > ROW_SPLIT:
         return ROW_SPLIT
-    return -(-length // (ROW_CHAINS * 16)) * 16
+    return -(-length // (ROW_CHAINS * _VECTOR_LANES)) * _VECTOR_LANES
 
 
 def _plan_reduction(index: int, red: Reduction, dtype, phase: int, domain: tuple[int, ...],
@@ -276,7 +277,7 @@ class _Writer:
                 self.level[instr.var] = self._instr_level(instr)
                 self.dtype[instr.var] = instr.dtype
         for p, phase in enumerate(kernel.phases):
-            light = sum(1 for i in phase.instrs if self._innermost(i.var)) <= ROW_CHAIN_WORK
+            light = self._innermost_work(phase) <= ROW_CHAIN_WORK
             for red in phase.reductions:
                 dtype = next(i.dtype for i in phase.instrs if i.var == red.var)
                 reassociate = "reassoc" in fastmath
@@ -315,6 +316,10 @@ class _Writer:
     def _innermost(self, var: int) -> bool:
         """Whether `var` is computed in the innermost loop (for each element of a row)."""
         return self.rank > 0 and self.level[var] == self.rank - 1
+
+    def _innermost_work(self, phase) -> int:
+        """Instructions `phase` evaluates for each element of a row (its innermost loop's)."""
+        return sum(1 for i in phase.instrs if self._innermost(i.var))
 
     def _add_scratch(self, name: str, dtype, size: int) -> None:
         self.scratch.append((np.dtype(dtype), int(size)))
@@ -378,7 +383,7 @@ class _Writer:
                          if kernel.params[store.param].role == "out"})
         if not reads and not writes:
             return None, ()
-        work = [sum(1 for i in phase.instrs if self.level[i.var] == 1) for phase in kernel.phases]
+        work = [self._innermost_work(phase) for phase in kernel.phases]
         heaviest = max(range(len(work)), key=work.__getitem__)
         return heaviest, tuple([("prefetch_read", p) for p in reads] + [("prefetch_write", p) for p in writes])
 
