@@ -6,7 +6,8 @@
 * Every layout: transposed views of A and of B (A packed by the tiles that read it, B
   packed by squares transposed in registers, and their remainders), a batch broadcast with
   stride 0, a non-contiguous slice, rows of A at the L1-aliasing stride (gathered by the tiles
-  of the first panel).
+  of the first panel), a row-major B packed by vector copies from a column offset, and a B of
+  strided columns packed value by value.
 * Every split among threads: by items, within items by columns and by rows (three parts,
   forced), each equal to the serial result.
 * NaN and infinities propagate to their rows and columns, and the zero padding of an
@@ -62,6 +63,19 @@ def test_broadcast_and_sliced_operands(rng, dtype):
     a = rng.standard_normal((5, 10, 12)).astype(dtype)[:, 1:9, ::2]          # strided rows and columns
     b = np.broadcast_to(rng.standard_normal((6, 40)).astype(dtype), (5, 6, 40))  # stride 0 batch
     _check(multiply, a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_major_b_packed_by_vectors_and_strided_b_value_by_value(rng, dtype):
+    """A B whose columns are adjacent is packed a panel's row at a time by vector copies, from
+    wherever its rows start (a column offset); a B whose columns are apart (every other one) is
+    packed value by value. Both over two whole panels and a partial one, and two blocks of k."""
+    width = gemm.panel_width(dtype)
+    k, n = gemm.KC + 5, 2 * width + 7
+    a = rng.standard_normal((2, 9, k)).astype(dtype)
+    wide = rng.standard_normal((2, k, 2 * n + 3)).astype(dtype)
+    for b in [wide[:, :, 3:n + 3], wide[:, :, 1:2 * n + 1:2]]:
+        _check(gemm.Multiplier(), a, b)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

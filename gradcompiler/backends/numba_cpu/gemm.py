@@ -375,6 +375,31 @@ def transpose_square(typingctx, source, source_offset, source_step, target, targ
 
 
 @intrinsic
+def _copy_panel_row(typingctx, source, source_offset, target, target_offset):
+    """target[target_offset + j] = source[source_offset + j] for j < NR (a panel's row): VECTORS
+    vector loads and stores. Offsets count elements from each array's data pointer.
+
+    Written as a loop over a 2-D view of any strides, the copy is a scalar load and store per
+    value (Numba cannot know the columns are adjacent): a row-major 512 × 512 float32 B packed at
+    7.5 GB/s, a fifth of a 256 × 512 by 512 × 512 product's time on two threads."""
+    lanes = _LANES[source.dtype]
+    sig = types.none(source, source_offset, target, target_offset)
+
+    def codegen(context, builder, signature, args):
+        (source_, s_off, target_, t_off) = args
+        vector = ir.VectorType(context.get_data_type(signature.args[0].dtype), lanes)
+        source_start = _element_pointer(context, builder, signature.args[0], source_, s_off)
+        target_start = _element_pointer(context, builder, signature.args[2], target_, t_off)
+        for v in range(VECTORS):
+            offset = [ir.Constant(ir.IntType(64), v * lanes)]
+            value = builder.load(builder.bitcast(builder.gep(source_start, offset), vector.as_pointer()), align=4)
+            builder.store(value, builder.bitcast(builder.gep(target_start, offset), vector.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def vector_lanes(typingctx, array):
     """L, a vector's lanes for the array's dtype, as a constant of the compiled code (a loop over a
     tile's NR = VECTORS·L columns then has a known trip count, and LLVM vectorises it whole)."""
@@ -416,8 +441,11 @@ def _pack_panels(b, k0, kc, n0, n1, packed):
             prefetch_read(b, ahead + x * column_step)
         for q in range(whole):
             start, first = q * kc * width + kk * width, n0 + q * width
-            for j in range(width):
-                packed[start + j] = b[k0 + kk, first + j]
+            if column_step == 1:
+                _copy_panel_row(b, (k0 + kk) * row_step + first, packed, start)
+            else:
+                for j in range(width):
+                    packed[start + j] = b[k0 + kk, first + j]
     for q in range(whole, (n1 - n0 + width - 1) // width):
         first = n0 + q * width
         start = q * kc * width
