@@ -11,9 +11,9 @@ written here ran those items at 160 GFLOP/s on one thread (one core of an
 AVX-512 Xeon guest); in the attention step a batched product takes
 0.59-0.70 ms on two threads against 0.73-0.81 ms before, when each thread
 called single-threaded OpenBLAS on its items (per-call profiles).
-It takes large 2-D products too, where OpenBLAS runs up to 15% faster
-(gpt's shapes, alone on two threads): one pool of threads for every kernel of
-a step is worth more (`library_linalg`).
+It takes large 2-D products too, at 0.86-1.00 of OpenBLAS's time alone on gpt's and
+the mlp's shapes (two threads of a Zen 5 guest, 470-550 GFLOP/s float32, operands in cache),
+and one pool of threads serves every kernel of a step (`library_linalg`).
 
 How (the BLIS design, in Numba):
 
