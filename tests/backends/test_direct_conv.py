@@ -303,11 +303,11 @@ def test_few_channels_and_other_geometries_take_im2col(rng):
         kernel = run(op, x, w)
         assert kernel.direct_plan is None and kernel.columns is not None, op
     inputs = library_direct_conv.MIN_FILTER_INPUTS
-    few = rng.standard_normal((2, inputs - 1, 6, 6))  # a direct forward, im2col's filter gradient
+    few = rng.standard_normal((2, inputs - 1, 6, 6))  # an RGB stem: a direct forward, im2col's filter gradient
     assert by_direct(run(Convolution(padding=(1, 1)), few, rng.standard_normal((MIN, inputs - 1, 3, 3))))
     kernel = run(ConvolutionBackwardFilter(padding=(1, 1), kernel=(3, 3)), few, rng.standard_normal((2, MIN, 6, 6)))
     assert kernel.direct_plan is None and kernel.columns is not None
-    enough = rng.standard_normal((2, inputs, 6, 6))  # the stem of an RGB network: both direct
+    enough = rng.standard_normal((2, inputs, 6, 6))  # both direct
     assert by_direct(run(ConvolutionBackwardFilter(padding=(1, 1), kernel=(3, 3)), enough,
                          rng.standard_normal((2, MIN, 6, 6))))
 

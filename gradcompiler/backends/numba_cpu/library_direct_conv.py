@@ -90,12 +90,12 @@ MIN_CHANNELS = 16
 channels, the strided data gradient's input channels) and the filter gradient's columns (its
 output channels)."""
 
-MIN_FILTER_INPUTS = 3
+MIN_FILTER_INPUTS = 4
 """Input channels below which the filter gradient takes im2col: its tile multiplies MR rows of
 input channels (8 with AVX-512), the rows past C zero. 64 images of 32 × 32, 3×3 with padding
-1, float32, two threads (direct against im2col): 1 → 16 channels 0.82 against 0.43 ms, 2 → 32
-0.88-0.91 against 0.85-0.89, 3 → 32 (the cnn workload's stem) 0.81-0.83 against 1.09-1.20,
-4 → 32 0.87 against 1.22-1.25, 8 → 64 1.96 against 3.42."""
+1, float32, two threads of a Zen 5 guest (direct against im2col, once gemm packed a row-major
+B by vector copies): 2 → 32 channels 0.85 against 0.50 ms, 3 → 32 (the cnn workload's stem)
+0.88-0.90 against 0.68-0.75, 4 → 32 0.89 against 1.34, 8 → 64 1.77 against 3.22."""
 
 
 def _layout_applies(g: Geometry) -> bool:
