@@ -76,7 +76,33 @@ def test_workload_entry_is_complete_and_correct(quick_result):
     reach = entry["achieved"]
     assert reach["unit"] == "GB/s"
     assert reach["rate"] == pytest.approx(entry["min_bytes"] / compiled["median_s"] / 1e9)
-    assert reach["fraction"] == pytest.approx(reach["rate"] / quick_result["machine"]["bandwidth_gb_s"])
+    assert reach["fraction"] == pytest.approx(reach["rate"] / entry["limits"]["bandwidth_gb_s"])
+
+
+def test_limits_are_the_higher_of_those_measured_around_the_step(quick_result):
+    """Each workload is held against the machine's figures of its own minute: the higher of
+    the two measured just before and just after its step was timed, both kept; the floor
+    and the fraction use them."""
+    (entry,) = quick_result["workloads"]
+    limits = entry["limits"]
+    for key in ("bandwidth_gb_s", "sgemm_gflop_s"):
+        around = (limits["before"][key], limits["after"][key])
+        assert all(_positive(v) for v in around), key
+        assert limits[key] == max(around), key
+    assert entry["floor_s"] == pytest.approx(entry["min_bytes"] / (limits["bandwidth_gb_s"] * 1e9))
+    assert entry["achieved"]["limit"] == limits["bandwidth_gb_s"]
+
+
+def test_adjacent_limits_take_each_figure_from_the_higher_measurement():
+    """A figure can be higher before the step and the other after it: each is taken alone."""
+    from gradcompiler.bench.machine import MachineLimits
+
+    before = MachineLimits(85.0, 400.0, 1, 1, 2)
+    after = MachineLimits(46.0, 470.0, 1, 1, 2)
+    limits = suite.adjacent_limits(before, after)
+    assert (limits["bandwidth_gb_s"], limits["sgemm_gflop_s"]) == (85.0, 470.0)
+    assert limits["before"] == {"bandwidth_gb_s": 85.0, "sgemm_gflop_s": 400.0}
+    assert limits["after"] == {"bandwidth_gb_s": 46.0, "sgemm_gflop_s": 470.0}
 
 
 def test_first_call_cold_and_warm(quick_result):
@@ -97,6 +123,8 @@ def test_markdown_and_plot(quick_result, tmp_path):
     assert "gradcompiler" in header and "numpy" in header
     assert row.startswith("| bcast_reduce |") and row.count("|") == header.count("|")
     assert "Quick run" in text
+    limits = quick_result["workloads"][0]["limits"]
+    assert f"{limits['bandwidth_gb_s']:.0f} GB/s" in text.split("Each floor and fraction")[1]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -12,17 +12,22 @@ torch_eager, torch_compile, jax_jit.
     steps, warmup timed steps per median, untimed steps before them
     environment   python, numpy, numba, gradcompiler versions; platform, machine,
                   cpu_count, target; on cuda also gpu and compute_capability
-    machine       bandwidth_gb_s (STREAM-triad-style parallel Numba loop, 1e9 B/s),
-                  sgemm_gflop_s (numpy float32 matmul), stream_elements, gemm_n,
-                  threads (Numba threads), source (what measured them: on cuda a
-                  Numba CUDA triad and cuBLAS through CuPy or PyTorch)
+    machine       measured as the run starts: bandwidth_gb_s (STREAM-triad-style
+                  parallel Numba loop, 1e9 B/s), sgemm_gflop_s (numpy float32 matmul),
+                  stream_elements, gemm_n, threads (Numba threads), source (what
+                  measured them: on cuda a Numba CUDA triad and cuBLAS through CuPy
+                  or PyTorch)
     peers         {peer: {available, note}}: which peers ran; note says why one is skipped
     workloads     one entry per workload:
       name, size, dims        the workload and its dimensions
       bound                   "gemm" (matmul-bound) or "memory"
       flops                   matmul FLOP per step (forward + backward); 0 if memory-bound
       min_bytes               bytes a step must move: each feed read once, each output written once
-      floor_s                 flops at the SGEMM rate, or min_bytes at the bandwidth
+      limits                  the machine's figures the step is held against: bandwidth_gb_s and
+                              sgemm_gflop_s, each the higher of those measured just before and
+                              just after the compiled step was timed (`suite.adjacent_limits`),
+                              and both measurements (before, after)
+      floor_s                 flops at the SGEMM rate, or min_bytes at the bandwidth, of `limits`
       compiled                the gc.compile step (gc.train_step for a workload with an
                               optimizer): status ("ok" | "failed"), and when ok
                               median_s, min_s, max_s, steps, warmup,
@@ -41,7 +46,7 @@ torch_eager, torch_compile, jax_jit.
       ratio                   {peer: peer median / compiled median}; > 1 means the
                               compiled step is faster (only peers that ran)
       achieved                unit ("GB/s" or "GFLOP/s"), rate (min_bytes or flops per
-                              median step), limit (the machine figure), fraction = rate/limit
+                              median step), limit (the figure of `limits`), fraction = rate/limit
       first_call              status; cold_s (empty kernel cache, fresh process) and warm_s
                               (cache filled by the cold process): build + grad + passes +
                               compile + first run, feed drawing excluded; cold and warm
@@ -107,6 +112,17 @@ def _shown_peers(result: dict[str, Any]) -> list[str]:
     return [p for p in PEER_NAMES if p in result["peers"]]
 
 
+def _limit_ranges(workloads: list[dict[str, Any]]) -> str:
+    """The spread of the workloads' own limits: "46-85 GB/s, 440-480 GFLOP/s"."""
+    parts = []
+    for key, unit in (("bandwidth_gb_s", "GB/s"), ("sgemm_gflop_s", "GFLOP/s")):
+        values = [w["limits"][key] for w in workloads if math.isfinite(w["limits"][key])]
+        if values:
+            low, high = min(values), max(values)
+            parts.append(f"{low:.0f} {unit}" if round(low) == round(high) else f"{low:.0f}-{high:.0f} {unit}")
+    return ", ".join(parts) or "none measured"
+
+
 def markdown_table(result: dict[str, Any]) -> str:
     """The results as a Markdown table, with the machine and skipped peers noted below it."""
     peers = _shown_peers(result)
@@ -132,8 +148,10 @@ def markdown_table(result: dict[str, Any]) -> str:
         f"after {result['warmup']} warm-ups. Peer cells: median (peer ÷ gradcompiler; above 1 "
         f"means gradcompiler is faster).",
         f"Machine: {m['bandwidth_gb_s']:.1f} GB/s memory bandwidth, {m['sgemm_gflop_s']:.1f} "
-        f"GFLOP/s SGEMM, {m['threads']} threads ({m.get('source', 'cpu')})"
-        + (f"; GPU {result['environment']['gpu']}." if "gpu" in result["environment"] else "."),
+        f"GFLOP/s SGEMM as the run started, {m['threads']} threads ({m.get('source', 'cpu')})"
+        + (f"; GPU {result['environment']['gpu']}." if "gpu" in result["environment"] else ".")
+        + " Each floor and fraction is of the higher of the figures measured just before and just"
+        " after that step was timed: " + _limit_ranges(result["workloads"]) + ".",
     ]
     if result["quick"]:
         notes.append("Quick run: tiny sizes, a smoke test; these figures are not a measurement.")

@@ -348,14 +348,32 @@ def _prepare(name: str, size: str):
     return work, feeds, _oracles[name, size]
 
 
+def adjacent_limits(before: machine.MachineLimits, after: machine.MachineLimits) -> dict[str, Any]:
+    """The limits a step's time is held against: the higher of each figure measured just before
+    and just after the step was timed, with both measurements.
+
+    Why not the figures of the run's start: a machine's limits move between minutes. On this
+    project's 2-core guest the triad read 44-50 GB/s in some minutes and 80-86 GB/s in others,
+    flipping within the minute, and memory-bound steps followed it (bcast_reduce 3.0-3.3 ms
+    against 2.5-2.6); a figure measured minutes before a step can belong to the other state.
+    The higher of the two adjacent figures never flatters the step."""
+    keys = ("bandwidth_gb_s", "sgemm_gflop_s")
+    return dict({k: max(getattr(before, k), getattr(after, k)) for k in keys},
+                before={k: getattr(before, k) for k in keys}, after={k: getattr(after, k) for k in keys})
+
+
 def measure_workload(name: str, target: str, size: str, steps: int, warmup: int,
-                     limits: dict[str, float], log: Log) -> dict[str, Any]:
-    """The compiled step of one workload: the entry of the result document, without peers yet."""
+                     quick: bool, log: Log) -> dict[str, Any]:
+    """The compiled step of one workload, and the machine's limits around it (`adjacent_limits`):
+    the entry of the result document, without peers yet."""
     work, feeds, oracle = _prepare(name, size)
+    before = machine.measure(quick=quick, target=target)
+    compiled = measure_compiled(work, feeds, oracle, target, steps, warmup)
+    limits = adjacent_limits(before, machine.measure(quick=quick, target=target))
     entry: dict[str, Any] = dict(
         name=name, size=size, dims=work.dims, bound=work.bound, flops=work.flops,
-        min_bytes=work.min_bytes, floor_s=floor_seconds(work, limits), peers={})
-    entry["compiled"] = measure_compiled(work, feeds, oracle, target, steps, warmup)
+        min_bytes=work.min_bytes, limits=limits, floor_s=floor_seconds(work, limits), peers={},
+        compiled=compiled)
     _log(log, f"{name}: gradcompiler {_brief(entry['compiled'])}")
     if entry["compiled"]["status"] == "ok":
         entry["achieved"] = achieved(work, entry["compiled"]["median_s"], limits)
@@ -427,7 +445,7 @@ def run_suite(workloads: Sequence[str] | None = None, target: str = "cpu", quick
     _log(log, f"machine: {limits['bandwidth_gb_s']:.1f} GB/s, {limits['sgemm_gflop_s']:.1f} GFLOP/s SGEMM")
     # Every compiled step is timed before any peer runs, so no peer's thread pool
     # (PyTorch's OpenMP, XLA's) is alive while ours are timed. Peers then run in turn.
-    entries = [measure_workload(n, target, size, steps, warmup, limits, log) for n in names]
+    entries = [measure_workload(n, target, size, steps, warmup, quick, log) for n in names]
     for entry in entries:
         measure_peers(entry, target, peer_list, steps, warmup, first_call, log)
     return dict(
