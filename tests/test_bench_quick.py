@@ -103,6 +103,10 @@ def test_adjacent_limits_take_each_figure_from_the_higher_measurement():
     assert (limits["bandwidth_gb_s"], limits["sgemm_gflop_s"]) == (85.0, 470.0)
     assert limits["before"] == {"bandwidth_gb_s": 85.0, "sgemm_gflop_s": 400.0}
     assert limits["after"] == {"bandwidth_gb_s": 46.0, "sgemm_gflop_s": 470.0}
+    unmeasured = suite.adjacent_limits(MachineLimits(50.0, math.nan, 1, 1, 2), MachineLimits(47.0, 480.0, 1, 1, 2))
+    assert unmeasured["sgemm_gflop_s"] == 480.0
+    neither = suite.adjacent_limits(MachineLimits(50.0, math.nan, 1, 1, 2), MachineLimits(47.0, math.nan, 1, 1, 2))
+    assert math.isnan(neither["sgemm_gflop_s"]) and neither["bandwidth_gb_s"] == 50.0
 
 
 def test_first_call_cold_and_warm(quick_result):

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -356,9 +357,11 @@ def adjacent_limits(before: machine.MachineLimits, after: machine.MachineLimits)
     project's 2-core guest the triad read 44-50 GB/s in some minutes and 80-86 GB/s in others,
     flipping within the minute, and memory-bound steps followed it (bcast_reduce 3.0-3.3 ms
     against 2.5-2.6); a figure measured minutes before a step can belong to the other state.
-    The higher of the two adjacent figures never flatters the step."""
+    The higher of the two adjacent figures never flatters the step. A figure not measured
+    (NaN: no SGEMM on a GPU without CuPy or PyTorch) stays NaN only if neither was."""
     keys = ("bandwidth_gb_s", "sgemm_gflop_s")
-    return dict({k: max(getattr(before, k), getattr(after, k)) for k in keys},
+    measured = {k: [v for v in (getattr(before, k), getattr(after, k)) if math.isfinite(v)] for k in keys}
+    return dict({k: max(values, default=float("nan")) for k, values in measured.items()},
                 before={k: getattr(before, k) for k in keys}, after={k: getattr(after, k) for k in keys})
 
 
