@@ -24,7 +24,9 @@ from gradcompiler.ops.conv import Convolution, ConvolutionBackwardData, Convolut
 from oracle import assert_close
 
 RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}
-MIN = library_direct_conv.MIN_CHANNELS
+MIN = 16
+"""The cases' channels: at or above every bound of the direct kernels (`MIN_FILTER_OUTPUTS`,
+`MIN_DATA_INPUTS`, `MIN_FILTER_INPUTS`), two tiles of rows, partial tiles above it."""
 
 CASES = {  # x shape, output channels, padding, filter size, stride
     "same_even": ((3, MIN, 6, 8), MIN, (1, 1), (3, 3), (1, 1)),
@@ -293,11 +295,13 @@ def test_a_non_finite_pixel_at_either_end_of_a_row(case, where, value, rng):
 
 def test_few_channels_and_other_geometries_take_im2col(rng):
     """The direct kernels only where they pay and apply: no dilation, one group, not a 1×1
-    filter at stride 1, at least MIN_CHANNELS output channels, and for the filter gradient at
-    least MIN_FILTER_INPUTS input channels."""
+    filter at stride 1; for the filter gradient at least MIN_FILTER_OUTPUTS output and
+    MIN_FILTER_INPUTS input channels, for the data gradient at stride > 1 at least
+    MIN_DATA_INPUTS input channels."""
+    assert MIN >= max(library_direct_conv.MIN_FILTER_OUTPUTS, library_direct_conv.MIN_DATA_INPUTS,
+                      library_direct_conv.MIN_FILTER_INPUTS)
     x = rng.standard_normal((2, MIN, 6, 6))
-    for op, w in ((Convolution(padding=(1, 1)), rng.standard_normal((MIN - 1, MIN, 3, 3))),
-                  (Convolution(dilation=(2, 2), padding=(2, 2)), rng.standard_normal((MIN, MIN, 3, 3))),
+    for op, w in ((Convolution(dilation=(2, 2), padding=(2, 2)), rng.standard_normal((MIN, MIN, 3, 3))),
                   (Convolution(groups=2), rng.standard_normal((MIN, MIN // 2, 3, 3))),
                   (Convolution(), rng.standard_normal((MIN, MIN, 1, 1)))):
         kernel = run(op, x, w)
@@ -310,6 +314,26 @@ def test_few_channels_and_other_geometries_take_im2col(rng):
     enough = rng.standard_normal((2, inputs, 6, 6))  # both direct
     assert by_direct(run(ConvolutionBackwardFilter(padding=(1, 1), kernel=(3, 3)), enough,
                          rng.standard_normal((2, MIN, 6, 6))))
+    outputs = library_direct_conv.MIN_FILTER_OUTPUTS
+    for o, direct in ((outputs - 1, False), (outputs, True)):
+        kernel = run(ConvolutionBackwardFilter(padding=(1, 1), kernel=(3, 3)), x, rng.standard_normal((2, o, 6, 6)))
+        assert by_direct(kernel) == direct and (kernel.columns is None) == direct, o
+    data_inputs = library_direct_conv.MIN_DATA_INPUTS
+    for c, direct in ((data_inputs - 1, False), (data_inputs, True)):
+        data = ConvolutionBackwardData(padding=(1, 1), stride=(2, 2), image=(6, 6))
+        kernel = run(data, rng.standard_normal((MIN, c, 3, 3)), rng.standard_normal((2, MIN, 3, 3)))
+        assert by_direct(kernel) == direct and (kernel.columns is None) == direct, c
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("outputs, stride", [(1, (1, 1)), (3, (1, 1)), (5, (2, 2)), (7, (2, 1))])
+def test_narrow_forwards_take_the_direct_kernel(outputs, stride, dtype, rng):
+    """The forward takes the direct kernel at any count of output channels: fewer than a tile's
+    rows (MR), the rows past O are padding, and only O rows reach y. Three input channels (an
+    RGB image), odd sizes, both dtypes, against the reference."""
+    x = rng.standard_normal((2, 3, 7, 9)).astype(dtype)
+    w = rng.standard_normal((outputs, 3, 3, 3)).astype(dtype)
+    assert by_direct(run(Convolution(padding=(1, 1), stride=stride), x, w))
 
 
 @pytest.mark.parametrize("kernel_size, padding", [((3, 3), (1, 1)), ((2, 3), (1, 2)), ((1, 1), (0, 0)),

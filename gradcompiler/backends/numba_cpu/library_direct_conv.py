@@ -85,10 +85,24 @@ from . import gemm  # its names are read when first used: gemm imports library, 
 from .library import in_spans, thread_spans
 from .prefetch import CACHE_LINE, prefetch_read, prefetch_write
 
-MIN_CHANNELS = 16
-"""Channels below which the direct kernels do not pay: the tile's rows (the forward's output
-channels, the strided data gradient's input channels) and the filter gradient's columns (its
-output channels)."""
+MIN_FILTER_OUTPUTS = 8
+"""Output channels below which the filter gradient takes im2col: they are its tile's columns
+(NR, 32 float32 with AVX-512), the columns past O zero. 64 images of 32 × 32, 3×3 with padding
+1, float32, two threads of a Zen 5 guest (direct against im2col): 16 → 8 channels 1.50 against
+3.09 ms, 8 → 8 at stride 2 0.39 against 0.85; 16 → 4 1.44 against 1.15, 16 → 1 1.45 against
+0.96 (at stride 2, 16 → 4 still 0.53 against 1.38).
+
+The forward takes the direct kernel at any count of output channels (its tile's rows, MR, the
+rows past O zero): 16 → 8 channels 0.49 against 2.56 ms, 16 → 4 0.52 against 1.13, 16 → 1 0.52
+against 0.92, 3 → 8 0.22 against 0.38, 16 → 4 at stride 2 0.33 against 1.34. (16 channels had
+been the bound of every direct kernel, measured on an Intel guest before gemm packed a
+row-major B by vector copies.)"""
+
+MIN_DATA_INPUTS = 8
+"""Input channels below which the data gradient at stride > 1 takes im2col rather than the
+phases (`PhasedDataGradient`, whose tile's rows they are). 64 images of 32 × 32, 3×3 at
+stride 2, float32, two threads (phases against im2col): 8 → 8 channels 0.22 against 0.52 ms,
+4 → 16 0.36 against 0.36, 1 → 16 0.29 against 0.26."""
 
 MIN_FILTER_INPUTS = 4
 """Input channels below which the filter gradient takes im2col: its tile multiplies MR rows of
@@ -105,20 +119,21 @@ def _layout_applies(g: Geometry) -> bool:
 
 
 def forward_applies(g: Geometry) -> bool:
-    """Whether the forward of a convolution of geometry `g` takes the direct kernel."""
-    return _layout_applies(g) and g.o >= MIN_CHANNELS
+    """Whether the forward of a convolution of geometry `g` takes the direct kernel: wherever
+    the layout applies, at any count of channels (`MIN_FILTER_OUTPUTS` has the measurements)."""
+    return _layout_applies(g)
 
 
 def filter_applies(g: Geometry) -> bool:
     """Whether its filter gradient does."""
-    return _layout_applies(g) and g.o >= MIN_CHANNELS and g.c >= MIN_FILTER_INPUTS
+    return _layout_applies(g) and g.o >= MIN_FILTER_OUTPUTS and g.c >= MIN_FILTER_INPUTS
 
 
 def data_applies(g: Geometry) -> bool:
     """Whether its data gradient takes the direct kernel by phases (`PhasedDataGradient`), at
     stride > 1; at stride 1 library_conv takes it as a transposed convolution, whose forward
     may itself be direct."""
-    return _layout_applies(g) and g.stride != (1, 1) and g.c >= MIN_CHANNELS
+    return _layout_applies(g) and g.stride != (1, 1) and g.c >= MIN_DATA_INPUTS
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
