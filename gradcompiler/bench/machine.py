@@ -34,6 +34,10 @@ QUICK_GEMM_N = 256
 SIMULATOR_STREAM_ELEMENTS = 1 << 10   # the simulator's figures mean nothing; keep its probe short
 
 
+LIMITS = ("bandwidth_gb_s", "sgemm_gflop_s")
+"""The two figures a step is held against (`MachineLimits`' first two fields)."""
+
+
 @dataclass(frozen=True)
 class MachineLimits:
     bandwidth_gb_s: float      # STREAM-triad-style, 1e9 bytes per second

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from ..units import format_bytes
+from .machine import LIMITS
 from .peers import PEER_NAMES
 
 PEER_TITLES = {"numpy_manual": "numpy", "torch_eager": "torch eager",
@@ -115,7 +116,7 @@ def _shown_peers(result: dict[str, Any]) -> list[str]:
 def _limit_ranges(workloads: list[dict[str, Any]]) -> str:
     """The spread of the workloads' own limits: "46-85 GB/s, 440-480 GFLOP/s"."""
     parts = []
-    for key, unit in (("bandwidth_gb_s", "GB/s"), ("sgemm_gflop_s", "GFLOP/s")):
+    for key, unit in zip(LIMITS, ("GB/s", "GFLOP/s")):
         values = [w["limits"][key] for w in workloads if math.isfinite(w["limits"][key])]
         if values:
             low, high = min(values), max(values)

@@ -359,10 +359,11 @@ def adjacent_limits(before: machine.MachineLimits, after: machine.MachineLimits)
     against 2.5-2.6); a figure measured minutes before a step can belong to the other state.
     The higher of the two adjacent figures never flatters the step. A figure not measured
     (NaN: no SGEMM on a GPU without CuPy or PyTorch) stays NaN only if neither was."""
-    keys = ("bandwidth_gb_s", "sgemm_gflop_s")
-    measured = {k: [v for v in (getattr(before, k), getattr(after, k)) if math.isfinite(v)] for k in keys}
+    measured = {k: [v for v in (getattr(before, k), getattr(after, k)) if math.isfinite(v)]
+                for k in machine.LIMITS}
     return dict({k: max(values, default=float("nan")) for k, values in measured.items()},
-                before={k: getattr(before, k) for k in keys}, after={k: getattr(after, k) for k in keys})
+                before={k: getattr(before, k) for k in machine.LIMITS},
+                after={k: getattr(after, k) for k in machine.LIMITS})
 
 
 def measure_workload(name: str, target: str, size: str, steps: int, warmup: int,

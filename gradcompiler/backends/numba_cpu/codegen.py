@@ -219,7 +219,7 @@ class _ReductionPlan:
         return self.register_level - 1 if self.register_level is not None else self.value_level
 
 
-def _row_block(length: int) -> int:
+def row_block(length: int) -> int:
     """Points per block of a blocked chain along an innermost loop of `length` points: ROW_SPLIT
     for a long one, else a ROW_CHAINS-th of it, rounded up to whole vectors (module docstring)."""
     if length > ROW_SPLIT:
@@ -538,7 +538,7 @@ class _Writer:
         if not plans:
             body(self._points_loop(depth, phase, lo, hi))
             return
-        block = _row_block(self.kernel.domain[-1])
+        block = row_block(self.kernel.domain[-1])
         self.emit(depth, f"for j{axis} in range({lo}, {hi}, {block}):")
         for plan in plans:
             self.emit(depth + 1, f"u{plan.index} = {reduction_identity(plan.red.mode, plan.dtype)}")

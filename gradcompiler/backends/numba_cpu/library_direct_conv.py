@@ -90,13 +90,8 @@ MIN_FILTER_OUTPUTS = 8
 (NR, 32 float32 with AVX-512), the columns past O zero. 64 images of 32 × 32, 3×3 with padding
 1, float32, two threads of a Zen 5 guest (direct against im2col): 16 → 8 channels 1.50 against
 3.09 ms, 8 → 8 at stride 2 0.39 against 0.85; 16 → 4 1.44 against 1.15, 16 → 1 1.45 against
-0.96 (at stride 2, 16 → 4 still 0.53 against 1.38).
-
-The forward takes the direct kernel at any count of output channels (its tile's rows, MR, the
-rows past O zero): 16 → 8 channels 0.49 against 2.56 ms, 16 → 4 0.52 against 1.13, 16 → 1 0.52
-against 0.92, 3 → 8 0.22 against 0.38, 16 → 4 at stride 2 0.33 against 1.34. (16 channels had
-been the bound of every direct kernel, measured on an Intel guest before gemm packed a
-row-major B by vector copies.)"""
+0.96 (at stride 2, 16 → 4 still 0.53 against 1.38). 16 channels had been the bound of every
+direct kernel, measured on an Intel guest before gemm packed a row-major B by vector copies."""
 
 MIN_DATA_INPUTS = 8
 """Input channels below which the data gradient at stride > 1 takes im2col rather than the
@@ -120,7 +115,10 @@ def _layout_applies(g: Geometry) -> bool:
 
 def forward_applies(g: Geometry) -> bool:
     """Whether the forward of a convolution of geometry `g` takes the direct kernel: wherever
-    the layout applies, at any count of channels (`MIN_FILTER_OUTPUTS` has the measurements)."""
+    the layout applies, at any count of output channels (its tile's rows, MR, the rows past O
+    zero). Same machine and sizes as `MIN_FILTER_OUTPUTS`, direct against im2col: 16 → 8
+    channels 0.49 against 2.56 ms, 16 → 4 0.52 against 1.13, 16 → 1 0.52 against 0.92, 3 → 8
+    0.22 against 0.38, 16 → 4 at stride 2 0.33 against 1.34."""
     return _layout_applies(g)
 
 
