@@ -38,6 +38,7 @@ from .errors import (  # noqa: F401
     MemoryBudgetError,
     NonFiniteError,
     NotDifferentiableError,
+    OutOfBoundsWriteError,
     ShapeError,
 )
 from .frontend import *  # noqa: F401,F403

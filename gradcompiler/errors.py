@@ -67,6 +67,10 @@ class NonFiniteError(RunError, FloatingPointError):
     """Debug mode found NaN or Inf in a kernel's output."""
 
 
+class OutOfBoundsWriteError(RunError, MemoryError):
+    """The bounds check found a kernel's write outside its buffer (guard bytes overwritten)."""
+
+
 class MemoryBudgetError(GradCompilerError, ValueError):
     """A memory budget below the smallest peak any plan of the step reaches; that peak in
     bytes is `smallest_peak`, so a caller (the benchmark's budget sweep) can report it or

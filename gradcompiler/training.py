@@ -19,7 +19,7 @@ statistics) is fed from the state and its new value donated back to it.
 
 On target "cuda" `init` puts the state on the device and it stays there; a
 step copies only the batch up and the loss down. On the CPU its arrays start on
-a pair of cache lines, as the runtime's own do (`runtime.aligned_empty`): the
+a pair of cache lines, as the runtime's own do (`buffers.empty`): the
 update reads and writes every one of them, 512-bit vectors at a time.
 
 `update_step(param types, optimizer)` compiles the update alone, fed the
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .api import grad
-from .backends.numba_cpu.runtime import aligned_empty
+from .backends.numba_cpu import buffers
 from .compile import compile as compile_step
 from .errors import FeedError, GraphError
 from .frontend.sources import input as feed
@@ -97,7 +97,7 @@ class _OptimizerStep:
             if name in given and np.shape(values[name]) != t.shape:
                 raise FeedError(f"train_step.init: '{name}' has shape {np.shape(values[name])}, "
                                 f"expected {t.shape}")
-            state[name] = aligned_empty(t.size, t.dtype).reshape(t.shape)
+            state[name] = buffers.empty(t.size, t.dtype, label=f"state '{name}'").reshape(t.shape)
             state[name][...] = values[name] if name in given else 0
         if self.target == "cuda":
             from numba import cuda

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
-from gradcompiler.backends.numba_cpu.runtime import ALIGN
+from gradcompiler.backends.numba_cpu.buffers import ALIGN
 
 from oracle import assert_close
 
@@ -123,7 +123,7 @@ def test_state_arrays_are_updated_in_place_and_calls_allocate_nothing_per_parame
     held = dict(state)  # the caller's own references to the state's arrays
     assert sorted(state) == ["b", "b.exp_avg", "b.exp_avg_sq", "step", "w", "w.exp_avg",
                              "w.exp_avg_sq"]
-    # each array starts on a pair of cache lines, as the runtime's own (runtime.aligned_empty)
+    # each array starts on a pair of cache lines, as the runtime's own (buffers.empty)
     assert [state[name].ctypes.data % ALIGN for name in sorted(state)] == [0] * len(state)
     with pytest.raises(gc.FeedError, match=r"'w' has shape \(3,\), expected"):
         step.init({**initial(rng), "w": np.zeros(3)})

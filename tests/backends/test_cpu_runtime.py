@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import gradcompiler as gc
-from gradcompiler.backends.numba_cpu.runtime import ALIGN, output_homes
+from gradcompiler.backends.numba_cpu.buffers import ALIGN
+from gradcompiler.backends.numba_cpu.runtime import output_homes
 from gradcompiler.errors import BackendUnavailableError, FeedError, IndexOutOfRangeError, NonFiniteError
 from gradcompiler.kernel import KernelStep
 
@@ -284,7 +285,7 @@ def test_allocated_arrays_start_on_a_pair_of_cache_lines(rng, dtype):
     """Each thread's region of a scratch array (row buffers, column partials) is written on
     every row; aligned, a region of 2^k elements shares no cache line with the next thread's.
     The outputs the step allocates are aligned too, so no 512-bit store straddles two lines
-    (runtime.aligned_empty). The kernel over them, parallel, equals the reference interpreter."""
+    (buffers.empty). The kernel over them, parallel, equals the reference interpreter."""
     rows, width = 512, 1024
     with gc.Graph("layer_norm_columns"):
         x = gc.param("x", (rows, width), dtype)

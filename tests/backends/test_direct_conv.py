@@ -11,12 +11,14 @@ these into tests of im2col, or of one of the forward's two ways only.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import gradcompiler as gc
 from gradcompiler.backends.numba_cpu import library_direct_conv
+from gradcompiler.backends.numba_cpu.cpu_profile import PROFILE
 from gradcompiler.backends.numba_cpu.library import library_kernel
 from gradcompiler.ir import TensorType
 from gradcompiler.ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter
@@ -55,11 +57,31 @@ CASES = {  # x shape, output channels, padding, filter size, stride
     "one_row_of_tiles": ((2, MIN, 1, 32), MIN, (1, 1), (3, 3), (1, 1)),  # tiles of two vectors along it
 }
 
-ROWS_IN_PLACE = {"rows_of_tiles", "rows_of_vectors", "strided_rows", "odd_rows_of_vectors", "wide_rows",
-                 "one_row_of_tiles"}
-IN_PLACE = {np.dtype(np.float32): ROWS_IN_PLACE,
-            np.dtype(np.float64): ROWS_IN_PLACE | {"same_even", "strided_one_by_one"}}  # 8 wide: a vector
-"""The cases whose forward stores its tiles into the output in place (the others: through sums)."""
+ROWS_IN_PLACE_AVX512 = {"rows_of_tiles", "rows_of_vectors", "strided_rows", "odd_rows_of_vectors", "wide_rows",
+                        "one_row_of_tiles"}
+IN_PLACE_AVX512 = {np.dtype(np.float32): ROWS_IN_PLACE_AVX512,
+                   np.dtype(np.float64): ROWS_IN_PLACE_AVX512 | {"same_even", "strided_one_by_one"}}
+"""The cases whose forward stores its tiles in place with AVX-512's tiles (8 rows, 16 float32 lanes),
+as `in_place` derives them for that profile."""
+
+
+def in_place(case: str, dtype, profile=PROFILE) -> bool:
+    """Whether the forward stores its tiles into the output in place on `profile` (the others go
+    through sums): its output channels fill whole tiles of MR rows, and either each output row
+    is whole vectors and the rows split into groups of three (wide tiles, where the CPU has the
+    registers for them) and two, or each output row is whole tiles of two vectors."""
+    _, outputs, *_, y_shape = ops(case)
+    out_h, out_w = y_shape[2:]
+    lanes, wide = profile.lanes(dtype), profile.wide_vectors
+    rows_split = any((out_h - w * wide) % 2 == 0 for w in range(out_h // wide + 1))
+    return outputs % profile.mr == 0 and ((out_w % lanes == 0 and rows_split) or out_w % (2 * lanes) == 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_in_place_rule_gives_the_avx512_cases(dtype):
+    """`in_place` evaluated for AVX-512's figures names the cases measured on such a CPU."""
+    avx512 = replace(PROFILE, vector_bytes=64, arch="x86_64")
+    assert {case for case in CASES if in_place(case, dtype, avx512)} == IN_PLACE_AVX512[np.dtype(dtype)]
 
 
 def ops(case):
@@ -93,9 +115,9 @@ def test_direct_equals_the_reference(case, dtype, rng):
     x, w, dy = (rng.standard_normal(shape).astype(dtype) for shape in shapes)
     forward_kernel = run(forward, x, w)
     assert by_direct(forward_kernel)
-    in_place = case in IN_PLACE[np.dtype(dtype)]
-    assert (forward_kernel.direct_plan.row_tiles is not None) == in_place, case
-    assert (forward_kernel.direct_plan.forward_sums is None) == in_place, case
+    stored_in_place = in_place(case, dtype)
+    assert (forward_kernel.direct_plan.row_tiles is not None) == stored_in_place, case
+    assert (forward_kernel.direct_plan.forward_sums is None) == stored_in_place, case
     assert by_direct(run(filt, x, dy))
     data_kernel = run(data, w, dy)
     transposed = forward.stride == (1, 1) and w.shape[0] <= w.shape[1] and all(

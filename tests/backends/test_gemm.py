@@ -13,12 +13,14 @@
 * NaN and infinities propagate to their rows and columns, and the zero padding of an
   edge tile brings none into the result.
 * The scratch of a shape is allocated once: a second call allocates nothing.
-* The tile of a CPU without AVX-512 (32-byte vectors, six rows), in a child process.
+* The tiles of the AVX2 and x86-64 profiles, in child processes whose Numba targets them, with
+  every buffer fenced by guard bytes.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -26,6 +28,7 @@ import numpy as np
 import pytest
 
 from gradcompiler.backends.numba_cpu import gemm, library
+from gradcompiler.backends.numba_cpu.cpu_profile import PROFILE_NAMES
 from tests.oracle import assert_close
 
 RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
@@ -151,42 +154,65 @@ def test_scratch_is_allocated_once_per_shape(rng, monkeypatch):
     a, b = _operands(rng, 3, 9, 5, 40, np.float32)
     _check(multiply, a, b)
     allocations = []
-    monkeypatch.setattr(gemm, "aligned_empty", lambda *args: allocations.append(args))
+    monkeypatch.setattr(gemm.buffers, "empty", lambda *args, **kwargs: allocations.append(args))
     _check(multiply, a, b)
     assert allocations == [] and len(multiply.plans) == 1
 
 
-AVX2_CHILD = """
+PROFILE_CHILD = """
 import numpy as np
-from llvmlite import binding
-features = binding.get_host_cpu_features()
-features["avx512f"] = False
-binding.get_host_cpu_features = lambda: features
-from gradcompiler.backends.numba_cpu import gemm
-assert (gemm.VECTOR_BYTES, gemm.MR) == (32, 6)
+import gradcompiler as gc
+from gradcompiler.backends.numba_cpu import buffers, gemm
+from gradcompiler.backends.numba_cpu.cpu_profile import PROFILE
+assert buffers.checking() and (gemm.VECTOR_BYTES, gemm.MR) == (PROFILE.vector_bytes, PROFILE.mr)
 rng = np.random.default_rng(3)
 worst = 0.0
+shapes = [(5 * gemm.MR + 3, gemm.KC + 11, None), (512, 256, 512), (512, 64, 512), (gemm.MC + 7, 40, 48)]
 for dtype in (np.float32, np.float64):
-    for transpose_a, transpose_b in [(False, False), (True, False), (False, True), (True, True)]:
-        m, k, n = 5 * gemm.MR + 3, gemm.KC + 11, 2 * gemm.panel_width(dtype) + 13
-        a = rng.standard_normal((2, k, m) if transpose_a else (2, m, k)).astype(dtype)
-        b = rng.standard_normal((2, n, k) if transpose_b else (2, k, n)).astype(dtype)
-        a = a.transpose(0, 2, 1) if transpose_a else a
-        b = b.transpose(0, 2, 1) if transpose_b else b
-        out = np.full((2, m, n), np.nan, dtype)
-        gemm.Multiplier()(a, b, out)
-        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-        tolerance = 1e-5 if dtype == np.float32 else 1e-12
-        worst = max(worst, float(np.max(np.abs(out - want) / (np.abs(want) + 1.0))) / tolerance)
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    for m, k, n in shapes:
+        n = n or 2 * gemm.panel_width(dtype) + 13
+        for transpose_a, transpose_b in [(False, False), (True, False), (False, True), (True, True)]:
+            a = rng.standard_normal((2, k, m) if transpose_a else (2, m, k)).astype(dtype)
+            b = rng.standard_normal((2, n, k) if transpose_b else (2, k, n)).astype(dtype)
+            a = a.transpose(0, 2, 1) if transpose_a else a
+            b = b.transpose(0, 2, 1) if transpose_b else b
+            out = buffers.empty((2, m, n), dtype, label="the product")
+            out.fill(np.nan)
+            gemm.Multiplier()(a, b, out)
+            broken = buffers.broken_guard([])
+            assert broken is None, (m, k, n, dtype, transpose_a, transpose_b, broken)
+            want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+            worst = max(worst, float(np.max(np.abs(out - want) / (np.abs(want) + 1.0))) / tolerance)
+for K in (256, 64):    # the transposed product that wrote past its packing buffer with AVX2
+    with gc.Graph():
+        a, b = gc.input("a", (K, 512)), gc.input("b", (K, 512))
+        step = gc.compile(a.T @ b)
+    A, B = (rng.standard_normal((K, 512)).astype(np.float32) for _ in range(2))
+    for _ in range(3):
+        (out,) = step(a=A, b=B)
+    worst = max(worst, float(np.max(np.abs(out - A.T.astype(np.float64) @ B) / 1e-3)))
+with gc.Graph():       # tanh(x) @ x, float64: the suite's abort on such a CPU
+    x = gc.input("x", (512, 512), "float64")
+    step = gc.compile(gc.tanh(x) @ x)
+X = rng.standard_normal((512, 512))
+(out,) = step(x=X)
+worst = max(worst, float(np.max(np.abs(out - np.tanh(X) @ X))) / 1e-9)
 print(worst)
 """
 
 
-def test_the_tile_of_a_cpu_without_avx512_equals_numpy(tmp_path):
-    """The 32-byte vectors and six-row tile that a CPU without AVX-512 gets, run here (LLVM
-    lowers them to this CPU's instructions) in a child process that reports no AVX-512, with
-    a Numba cache of its own so that its code never meets this process's."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", AVX2_CHILD], capture_output=True, text=True, env=env, timeout=600)
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the profiles named are x86's")
+@pytest.mark.parametrize("profile", ["avx2", "x86-64"])
+def test_the_tile_of_each_cpu_profile_stays_in_its_buffers(profile):
+    """The tiles of a CPU without AVX-512 (32-byte vectors and six rows: AVX2; 16-byte vectors
+    without FMA: baseline x86-64), in a child process whose Numba targets that CPU (LLVM
+    generates its code on any x86-64 host), with every buffer fenced by guard bytes
+    (`GRADCOMPILER_CHECK_BOUNDS`): every layout and edge, rows past a block of A (MC), and the
+    512-row transposed products that wrote past their packing buffer with AVX2, directly and
+    compiled; each equal to float64 numpy."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU_")}
+    env.update(PROFILE_NAMES[profile], GRADCOMPILER_CHECK_BOUNDS="1")
+    done = subprocess.run([sys.executable, "-c", PROFILE_CHILD], capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout.split()[-1]) <= 1.0   # the error over each dtype's tolerance

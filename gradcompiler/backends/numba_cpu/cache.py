@@ -6,8 +6,9 @@ compiled code on a function's source file: with a real, unchanging file
 beside it, a second process loads the machine code from `__pycache__` and
 never runs the Numba compiler. Rules that make that hold:
 
-* the file name is a hash of the source, the Numba version, the CPU the
-  code is compiled for, and the source of the modules the kernels import
+* the file name is a hash of the source, the Numba version, the CPU
+  profile the code is compiled for (`cpu_profile`: a cache copied to a
+  machine of another instruction set is never used there), and the source of the modules the kernels import
   (`_INLINED`: Numba's cache does not track callees), so a
   name never means two different things;
 * a file is written once, atomically (temporary file + `os.replace`), and
@@ -110,12 +111,13 @@ def _private_dir(path: Path, err: OSError) -> Path:
 @lru_cache(maxsize=1)
 def _target_tag() -> str:
     """What compiled code depends on besides its own source."""
-    import llvmlite.binding as llvm
     import numba
+
+    from .cpu_profile import PROFILE
 
     here = Path(__file__).parent
     inlined = "".join((here / name).read_text() for name in _INLINED if (here / name).exists())
-    return "|".join([numba.__version__, llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(),
+    return "|".join([numba.__version__, PROFILE.cpu, PROFILE.features, PROFILE.tag,
                      hashlib.sha256(inlined.encode()).hexdigest()])
 
 

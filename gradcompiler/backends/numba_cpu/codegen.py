@@ -129,6 +129,7 @@ from ...cones import domain_index
 from ...index_expr import Index, ravel
 from ...kernel import Compute, Load, LoopKernel, Reduction, RowValue
 from ...ops.elemwise import Elemwise
+from .cpu_profile import PROFILE
 from .prefetch import CACHE_LINE, GATHER_AHEAD
 from .row_blocks import block_rows
 from .rowreduce import ROW_SPLIT
@@ -150,7 +151,7 @@ light loop (module docstring): independent chains of vector additions, one each.
 ROW_CHAIN_MIN = 128
 """Points of each block of a split row sum, at least (module docstring)."""
 
-_VECTOR_LANES = 16  # float32 lanes of a 512-bit vector: a block of a split row is whole vectors
+_VECTOR_LANES = PROFILE.lanes(np.float32)  # a block of a split row is whole vectors of the CPU profile
 
 ROW_CHAIN_WORK = 8
 """Instructions per point of a light loop, at most: one whose row sum's chain of dependent vector

@@ -66,34 +66,29 @@ zeros in rows and columns whose results are discarded.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import binding, ir
+from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import library
+from . import buffers, library
+from .cpu_profile import PROFILE
 from .prefetch import CACHE_LINE, emit_prefetch, prefetch_read
-from .runtime import aligned_empty
 
-_AVX512 = binding.get_host_cpu_features().get("avx512f", False)
+VECTOR_BYTES = PROFILE.vector_bytes
+"""Bytes of the vectors the micro-tile is written in: the widest LLVM emits for the CPU profile."""
 
-VECTOR_BYTES = 64 if _AVX512 else 32
-"""Bytes of the vectors the micro-tile is written in: a register's width on this CPU."""
-
-MR = 8 if _AVX512 else 6
+MR = PROFILE.mr
 """Rows of the register tile: MR × VECTORS accumulators, with room left for B's vectors."""
 
 VECTORS = 2
 """Vectors across the tile's columns: NR = VECTORS × lanes."""
 
-WIDE_VECTORS = 3 if _AVX512 else VECTORS
-"""Vectors across the wide summed tile (`micro_tile_sum_wide`): with AVX-512, MR × 3 = 24
-accumulators, three vectors of B and a broadcast take 28 of the 32 registers, and each step of
-k issues 24 multiply-adds for 11 loads instead of 16 for 10. A direct convolution's forward
-(32 → 32 channels, 32 × 32 pixels, 64 images, float32; its tiles three output rows of 16
-pixels) took 4.52-4.84 ms on two threads against 4.77-4.94 with tiles of two vectors (one
-output row of 32), both timed in turn in one process (one thread: 9.04 against 9.28 ms).
-AVX2's 16 registers hold no more than MR × VECTORS."""
+WIDE_VECTORS = PROFILE.wide_vectors
+"""Vectors across the wide summed tile (`micro_tile_sum_wide`): with 32 registers, MR × 3 = 24
+accumulators, three vectors of B and a broadcast take 28, and each step of k issues 24
+multiply-adds for 11 loads instead of 16 for 10 (a direct convolution's forward tiles three
+output rows). 16 registers hold no more than MR × VECTORS."""
 
 KC = 256
 """Rows of B per packed block: a panel of KC × NR is at most 32 KB, within L1."""
@@ -109,8 +104,9 @@ operand in cache 0.96-1.03 over nine shapes). Whole steps, alternated in one pro
 0.955-0.963 of its time, the mlp 0.966-0.971. 4 and 16 rows ahead: no better."""
 
 
-MC = 512
-"""Rows of A per block: with KC columns, 512 KB of float32, within L2."""
+MC = 512 // MR * MR
+"""Rows of A per block: with KC columns, about 512 KB of float32, within L2. A whole number of
+micro-panels: the scratch that packs a block's last, partial micro-panel holds MC rows."""
 
 A_AHEAD = 16
 """Steps of k ahead whose values of a transposed A the tiles that pack it ask for (`prefetch`):
@@ -592,10 +588,12 @@ class Multiplier:
         panels = -(-n // width)
         panels_per_part = -(-panels // parts) if by_columns else panels
         depth = min(KC, max(k, 1))
-        rows = min(MC, -(-m // MR) * MR)
-        packed = aligned_empty(parts * depth * panels_per_part * width, dtype)
-        scratch = (packed.reshape(parts, -1), aligned_empty(parts * max(rows, MR) * depth, dtype).reshape(parts, -1),
-                   aligned_empty(parts * MR * width, dtype).reshape(parts, MR, width))
+        rows = max(MR, min(MC, -(-m // MR) * MR))  # a block's rows of A, whole micro-panels (MC is)
+        shape = f"{count} × {m} × {k} × {n} {np.dtype(dtype)} product"
+        packed = buffers.empty(parts * depth * panels_per_part * width, dtype, label=f"packed B of a {shape}")
+        packed_rows = buffers.empty(parts * rows * depth, dtype, label=f"packed A of a {shape}")
+        tile = buffers.empty(parts * MR * width, dtype, label=f"edge tile of a {shape}")
+        scratch = (packed.reshape(parts, -1), packed_rows.reshape(parts, -1), tile.reshape(parts, MR, width))
         return work, by_items, by_columns, scratch
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:

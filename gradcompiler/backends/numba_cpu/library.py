@@ -62,6 +62,7 @@ from numba import njit
 from ...errors import IndexOutOfRangeError
 from ...ir import Op, TensorType
 from ...kernel import SiblingCalls
+from . import buffers
 
 LibraryKernel = Callable[..., None]
 PARALLEL_MIN_WORK = 1 << 15
@@ -242,7 +243,7 @@ def _sibling_calls(op: SiblingCalls) -> LibraryKernel:
 def run_library_op(op: Op, *inputs: np.ndarray) -> np.ndarray:
     """Run `op` once on numpy `inputs` and return a fresh output array."""
     out_type = op.infer(*(TensorType(x.shape, x.dtype) for x in inputs))
-    out = np.empty(out_type.shape, out_type.dtype)
+    out = buffers.empty(out_type.shape, out_type.dtype, label=f"output of {type(op).__name__}")
     library_kernel(op)(*inputs, out=out)
     return out
 

@@ -53,6 +53,7 @@ from numba import njit, prange
 
 from ...ops.conv import Convolution, ConvolutionBackwardData, ConvolutionBackwardFilter, Geometry
 from ...ops.pool import POOL_MODES, Pooling, PoolingBackward
+from . import buffers
 from . import library_direct_conv as direct_conv  # names read when used: it imports gemm, which imports library
 from .library import LibraryKernel, ParallelLoop, in_spans, library_kernel, thread_spans
 
@@ -195,7 +196,8 @@ class _Columns:
         per_image = max(1, self.rows * self.pixels * dtype.itemsize)
         self.chunk = max(1, min(-(-g.n // len(self.spans)), COLUMN_BYTES // per_image))
         self.buffers = [] if self.direct else [
-            np.empty((self.chunk, self.rows, self.pixels), dtype) for _ in range(self.threads)]
+            buffers.empty((self.chunk, self.rows, self.pixels), dtype, label="im2col columns")
+            for _ in range(self.threads)]
         self.args = (g.kernel[1], *g.stride, *g.padding, *g.dilation, g.out[1])
 
     def run(self, work) -> list:

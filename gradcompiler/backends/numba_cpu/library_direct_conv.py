@@ -81,7 +81,7 @@ import numpy as np
 from numba import njit
 
 from ...ops.conv import Geometry
-from . import gemm  # its names are read when first used: gemm imports library, which imports this
+from . import buffers, gemm  # its names are read when first used: gemm imports library, which imports this
 from .library import in_spans, thread_spans
 from .prefetch import CACHE_LINE, prefetch_read, prefetch_write
 
@@ -478,7 +478,8 @@ class DirectConvolution:
         self.spans, self.threads = _spans(g)
         self.span_of = {first: k for k, (first, _) in enumerate(self.spans)}  # a span's number, by its start
         self.layout = (pad_h, pad_w, stride_h, stride_w, self.pitch, self.plane)
-        self.filters = np.zeros((self.rows, g.c * len(taps)), dtype)  # rows past O stay zero
+        # rows past O stay zero
+        self.filters = buffers.zeros((self.rows, g.c * len(taps)), dtype, label="direct forward's filters")
         self.filter_outputs = _round_up(g.o, width)
         self.row_runs = np.arange(out_h, dtype=np.int64) * out_w * self.filter_outputs
         self.forward_images: list | None = None
@@ -496,7 +497,7 @@ class DirectConvolution:
 
     def _images(self, channels: int) -> np.ndarray:
         """A buffer of the padded image's phases, `channels` planes each."""
-        return np.zeros(self.phases * channels * self.plane, self.dtype)
+        return buffers.zeros(self.phases * channels * self.plane, self.dtype, label="a padded image's phases")
 
     def forward(self, x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         """out = the convolution of x and w: in place where the tiles are rows of the output and
@@ -506,7 +507,8 @@ class DirectConvolution:
             self.forward_images = [self._images(g.c) for _ in range(self.threads)]
         in_place = self.row_tiles is not None and out.flags.c_contiguous
         if not in_place and self.forward_sums is None:
-            self.forward_sums = [np.empty(self.rows * self.columns, self.dtype) for _ in range(self.threads)]
+            self.forward_sums = [buffers.empty(self.rows * self.columns, self.dtype, label="direct forward's sums")
+                                 for _ in range(self.threads)]
         tiles = self.row_tiles if in_place else self.summed_tiles
         self.filters[:g.o] = w.reshape(g.o, -1)
 
@@ -529,9 +531,12 @@ class DirectConvolution:
             pixels = g.out[0] * g.out[1]
             length = _round_up(pixels, self.lanes)
             spread = 0 if pixels % self.lanes == 0 and g.o % self.lanes == 0 else outputs
-            self.filter_buffers = [(self._images(self.channels_up), np.zeros((spread, length), self.dtype),
-                                    np.empty(length * outputs, self.dtype)) for _ in range(self.threads)]
-            self.filter_sums = np.empty((len(self.spans), len(self.taps), self.channels_up, outputs), self.dtype)
+            self.filter_buffers = [(self._images(self.channels_up),
+                                    buffers.zeros((spread, length), self.dtype, label="filter gradient's rows of dy"),
+                                    buffers.empty(length * outputs, self.dtype, label="filter gradient's dy"))
+                                   for _ in range(self.threads)]
+            self.filter_sums = buffers.empty((len(self.spans), len(self.taps), self.channels_up, outputs), self.dtype,
+                                             label="filter gradient's sums")
 
         def span(part, first, stop):
             image, spread, rows = self.filter_buffers[part]
@@ -589,7 +594,8 @@ class PhasedDataGradient:
         if self.tiles is None:
             self.tiles = _summed_tiles(columns, lanes)
         self.rows = _round_up(g.c, gemm.MR)
-        self.filters = np.zeros((self.rows, g.o * g.kernel[0] * g.kernel[1]), dtype)  # rows past C stay zero
+        self.filters = buffers.zeros((self.rows, g.o * g.kernel[0] * g.kernel[1]), dtype,
+                                     label="data gradient's filters")  # rows past C stay zero
         self.phases_size = g.stride[0] * g.stride[1] * self.rows * columns
         self.spans, self.threads = _spans(g)
         self.layout = (pad_h, pad_w, *g.stride, self.pitch, self.plane)
@@ -599,10 +605,12 @@ class PhasedDataGradient:
         """out = the data gradient of a convolution with filter w, from the gradient dy."""
         g = self.g
         if self.buffers is None:
-            self.buffers = [(np.zeros(g.o * self.plane, self.dtype), np.empty(self.phases_size, self.dtype))
+            self.buffers = [(buffers.zeros(g.o * self.plane, self.dtype, label="data gradient's dy"),
+                             buffers.empty(self.phases_size, self.dtype, label="data gradient's phases"))
                             for _ in range(self.threads)]
         self.filters[:g.c] = w.transpose(1, 0, 2, 3).reshape(g.c, -1)
-        dx = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)  # the interleave writes it flat
+        # the interleave writes it flat
+        dx = out if out.flags.c_contiguous else buffers.empty(out.shape, out.dtype, label="data gradient's dx")
 
         def span(part, first, stop):
             image, phases = self.buffers[part]

@@ -66,6 +66,7 @@ from ...ops.indexing import (
     TensorItem,
     one_hot_range_message,
 )
+from . import buffers
 from .library import (
     LibraryKernel,
     ParallelLoop,
@@ -296,7 +297,7 @@ class _AdvancedRegion:
             stacked = np.ascontiguousarray(indices[0]).reshape(1, -1)
         else:
             stacked = np.stack([np.broadcast_to(i, plan.block).ravel() for i in indices])
-        pos = np.empty(stacked.shape[1], np.int64) if pos is None else pos
+        pos = buffers.empty(stacked.shape[1], np.int64, label="gather positions") if pos is None else pos
         if _flat_positions(stacked.size, stacked, plan.sizes, plan.strides, plan.base, pos):
             self.raise_first_bad(plan, indices)
         return plan, pos

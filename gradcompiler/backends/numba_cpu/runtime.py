@@ -7,9 +7,10 @@ allocation. Buffers are allocated once per executable: values that share
 a buffer in the memory plan share one arena (as views of it); an alias is
 the same flat array as the value it views; constants are copied in once;
 per-thread scratch (partials, row buffers) belongs to each kernel step.
-Every array allocated here (arenas, buffers, scratch, outputs) starts on a
-pair of cache lines (`aligned_empty`). Feeds are the caller's arrays,
-reshaped flat (no copy) for the kernels.
+Every array allocated here (arenas, buffers, scratch, outputs) comes from
+`buffers.empty`: it starts on a pair of cache lines, and in the bounds check
+it is fenced by guard bytes that the driver checks after every step. Feeds
+are the caller's arrays, reshaped flat (no copy) for the kernels.
 
 Outputs are written straight into the arrays handed to the caller, never
 copied out of internal buffers: the driver takes one flat array per output
@@ -38,9 +39,9 @@ parallel use every core for one call at a time. Threads that want to run
 concurrently compile one executable each.
 
 The driver's source names only sanitised locals (`k3`, `b17`, `g2`); with
-`debug=True` it also calls `check(array, k)` after each step, and the
-description of step k (kernel name, forward op, user's line) comes from a
-list, never from the source.
+`debug=True` it also calls `check(array, k)` after each step, in the bounds
+check `guard(k)`, and the description of step k (kernel name, forward op,
+user's line) comes from a list, never from the source.
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import NonFiniteError
+from ...errors import NonFiniteError, OutOfBoundsWriteError
 from ...kernel import BufferSpec, KernelStep, LibraryStep, Program
+from . import buffers
 from .cache import load_module
-from .prefetch import CACHE_LINE
 
 
 @dataclass
@@ -67,11 +68,17 @@ class BoundKernel:
     nchunks: int
 
 
-def allocate(program: Program, arena_sizes: Sequence[int] | None) -> list[np.ndarray | None]:
-    """Flat arrays for every non-feed buffer (None for feeds), in buffer order."""
-    arenas = [aligned_empty(size, np.uint8) for size in (arena_sizes or ())]
+def allocate(program: Program, arena_sizes: Sequence[int] | None,
+             blocks: list[buffers.Block] | None = None) -> list[np.ndarray | None]:
+    """Flat arrays for every non-feed buffer (None for feeds), in buffer order.
+
+    In the bounds check (`buffers.checking()`) a buffer of an arena ends where its arena ends,
+    so a write past it reaches the arena's guard bytes rather than the next value's bytes."""
+    flush_right = buffers.checking()
+    arenas = [buffers.empty(-(-size // 16) * 16 if flush_right else size, np.uint8, blocks, f"arena {k}")
+              for k, size in enumerate(arena_sizes or ())]
     arrays: list[np.ndarray | None] = []
-    for spec in program.buffers:
+    for b, spec in enumerate(program.buffers):
         if spec.role == "feed":
             arrays.append(None)
         elif spec.role == "const":
@@ -79,40 +86,16 @@ def allocate(program: Program, arena_sizes: Sequence[int] | None) -> list[np.nda
         elif spec.role == "alias":
             arrays.append(arrays[spec.alias_of])
         elif spec.storage is not None and arena_sizes is not None:
-            arrays.append(arenas[spec.storage][: spec.nbytes].view(spec.dtype))
+            arena = arenas[spec.storage]
+            start = (arena.size - spec.nbytes) // 16 * 16 if flush_right else 0  # 16: any dtype's alignment
+            arrays.append(arena[start:start + spec.nbytes].view(spec.dtype))
         else:
-            arrays.append(aligned_empty(spec.size, spec.dtype))
+            arrays.append(buffers.empty(spec.size, spec.dtype, blocks, _describe(b, spec)))
     return arrays
 
 
-ALIGN = 2 * CACHE_LINE
-"""Where each array allocated here starts: a pair of lines, the unit the adjacent-line
-prefetcher fetches (`aligned_empty`)."""
-
-
-def aligned_empty(size: int, dtype) -> np.ndarray:
-    """np.empty(size, dtype), starting on an ALIGN boundary.
-
-    From numpy's allocator a large array starts 16 bytes past a line (glibc's header of a
-    mapped block), which costs twice:
-    - A kernel's threads take consecutive regions of one scratch array (`c * size + ...`,
-      one row or row of partials each), written on every row; the line at each boundary held
-      the end of one thread's region and the start of the next, and went back and forth
-      between the cores: the layernorm_gelu kernel on two threads took 6.15-6.64 ms aligned
-      against 6.68-7.12 ms, faster in each of five alternated pairs of processes. Aligned, a
-      region of a multiple of ALIGN bytes (the rows of 2^k elements the workloads have)
-      shares no line; a region of another size still shares one at its end.
-    - A 512-bit vector (`vector_width`) is a whole line: every load or store of a
-      misaligned array straddles two. That kernel, its output 16 bytes past a line, took
-      5.95 ms against 4.83 (its inputs, the caller's, stay where numpy put them: with only
-      the output aligned, 4.8-5.2 ms). (2-core Intel guest.)
-
-    The result is a view of the block allocated here, and numpy points every view of it at
-    that block (`.base`), not at the result."""
-    dtype = np.dtype(dtype)
-    raw = np.empty(size * dtype.itemsize + ALIGN, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + size * dtype.itemsize].view(dtype)
+def _describe(b: int, spec: BufferSpec) -> str:
+    return f"buffer {b} ({spec.dtype} {tuple(spec.shape)})"
 
 
 def _root(program: Program, b: int) -> int:
@@ -150,8 +133,8 @@ DRIVER_PART_STEPS = 256
 """Steps per part of the driver (`driver_source`)."""
 
 
-def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool) -> str:
-    """The driver module: `make(K, L, B, V, S, check)` returns `step(*feeds, *outputs)`.
+def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool, guard: bool = False) -> str:
+    """The driver module: `make(K, L, B, V, S, check, guard)` returns `step(*feeds, *outputs)`.
 
     The steps are split into parts of DRIVER_PART_STEPS, each a function made by its own
     `make_p<c>` that binds the kernels and buffers it uses as closure variables; `step`
@@ -169,7 +152,7 @@ def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool)
     def home(b: int) -> int:
         root = _root(program, b)
         return homes.get(root, root)
-    top = ["def make(K, L, B, V, S, check):"]
+    top = ["def make(K, L, B, V, S, check, guard):"]
     body = ["    def step(" + ", ".join([feed_arg[b] for b in feeds] + list(out_arg.values())) + "):"]
     body += [f"        g{k} = f{k}.reshape(-1)" for k in range(len(feeds))]
     parts: list[str] = []
@@ -232,14 +215,16 @@ def driver_source(program: Program, kernels: Sequence[BoundKernel], debug: bool)
                 for b in outputs:
                     calls.append(f"        check({flat(b)}, {s})")
                     used_flat.add(home(b))
+            if guard:
+                calls.append(f"        guard({s})")
         binds += [f"    b{b} = B[{b}]" for b in sorted(used_flat)
                   if b not in feed_arg and b not in out_arg]
         binds += [f"    x{b} = V[{b}]" for b in sorted(used_shaped)]
         part = c // DRIVER_PART_STEPS
         args = ", ".join(passed)
-        parts += [f"def make_p{part}(K, L, B, V, S, check):", *binds, f"    def p({args}):",
+        parts += [f"def make_p{part}(K, L, B, V, S, check, guard):", *binds, f"    def p({args}):",
                   *calls, "        return None", "    return p", ""]
-        top.append(f"    p{part} = make_p{part}(K, L, B, V, S, check)")
+        top.append(f"    p{part} = make_p{part}(K, L, B, V, S, check, guard)")
         body.append(f"        p{part}({args})")
     body.append("        return None")
     return "\n".join(parts + top + body + ["    return step", ""])
@@ -251,25 +236,16 @@ class Runner:
     def __init__(self, program: Program, kernels: Sequence[BoundKernel], library: dict[int, Callable],
                  arena_sizes: Sequence[int] | None, step_labels: Sequence[str], debug: bool):
         self.program = program
-        self.arrays = allocate(program, arena_sizes)
-        self.views = [None if a is None else a.reshape(spec.shape)
-                      for a, spec in zip(self.arrays, program.buffers)]
-        self.scratch = []
-        kernel_at = iter(kernels)
-        for step in program.steps:
-            if isinstance(step, KernelStep):
-                bound = next(kernel_at)
-                for b, param in zip(step.args, step.kernel.params):
-                    if b is None:
-                        self.scratch.append(aligned_empty(param.size * bound.nchunks, param.dtype))
-                for dtype, size in bound.scratch:
-                    self.scratch.append(aligned_empty(size * bound.nchunks, dtype))
-        self.source = driver_source(program, kernels, debug)
+        self.guarded = debug or buffers.check_from_env()
+        self.blocks: list[buffers.Block] = []  # this executable's guarded arrays (bounds check)
+        with buffers.guarded(self.guarded):
+            self._allocate(kernels, arena_sizes)
+        self.source = driver_source(program, kernels, debug, self.guarded)
         self.step_labels = list(step_labels)
         module = load_module(self.source)
         library_list = [library.get(s) for s in range(len(program.steps))]
         self.driver = module.make([k.function for k in kernels], library_list, self.arrays, self.views,
-                                  self.scratch, self._check)
+                                  self.scratch, self._check, self._guard)
         self.feeds = feed_buffers(program)
         self.out_roots = output_roots(program)
         self.out_slot = {root: slot for slot, root in enumerate(self.out_roots)}
@@ -281,6 +257,25 @@ class Runner:
         self.allocations = 0
         self.allocated_bytes = 0
 
+    def _allocate(self, kernels: Sequence[BoundKernel], arena_sizes: Sequence[int] | None) -> None:
+        """The buffers, their shaped views and every kernel's scratch."""
+        program = self.program
+        self.arrays = allocate(program, arena_sizes, self.blocks)
+        self.views = [None if a is None else a.reshape(spec.shape)
+                      for a, spec in zip(self.arrays, program.buffers)]
+        self.scratch = []
+        kernel_at = iter(kernels)
+        for step in program.steps:
+            if isinstance(step, KernelStep):
+                bound = next(kernel_at)
+                for b, param in zip(step.args, step.kernel.params):
+                    if b is None:
+                        self.scratch.append(buffers.empty(param.size * bound.nchunks, param.dtype, self.blocks,
+                                                          f"scratch of {step.name}"))
+                for dtype, size in bound.scratch:
+                    self.scratch.append(buffers.empty(size * bound.nchunks, dtype, self.blocks,
+                                                      f"scratch of {step.name}"))
+
     def _allocated(self, array: np.ndarray) -> np.ndarray:
         self.allocations += 1
         self.allocated_bytes += array.nbytes
@@ -291,11 +286,16 @@ class Runner:
             bad = int(np.count_nonzero(~np.isfinite(array)))
             raise NonFiniteError(f"{bad} non-finite value(s) after {self.step_labels[step]}")
 
+    def _guard(self, step: int) -> None:
+        broken = buffers.broken_guard(self.blocks)
+        if broken is not None:
+            raise OutOfBoundsWriteError(f"{self.step_labels[step]} wrote outside its buffers: {broken}")
+
     def run(self, feeds: dict[str, np.ndarray], out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
         """Run the program; return the outputs, in `out`'s arrays if given (types already checked).
 
         Holds `lock` throughout: the driver writes the executable's own buffers."""
-        with self.lock:
+        with self.lock, buffers.guarded(self.guarded):
             return self._run(feeds, out)
 
     def _run(self, feeds: dict[str, np.ndarray],
@@ -339,10 +339,10 @@ class Runner:
                 continue
             previous, self.owned[slot] = self.owned[slot], None
             # every view of `previous`, the caller's included, references its block (`.base`,
-            # aligned_empty); referenced by `previous` and getrefcount's argument only, the
+            # buffers.empty); referenced by `previous` and getrefcount's argument only, the
             # caller let go of it
             if previous is None or sys.getrefcount(previous.base) > 2:
-                previous = self._allocated(aligned_empty(spec.size, spec.dtype))
+                previous = self._allocated(buffers.empty(spec.size, spec.dtype, self.blocks, f"output {slot}"))
             self.owned[slot] = previous
             arrays.append(previous)
         return arrays, direct
