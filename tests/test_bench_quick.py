@@ -193,6 +193,27 @@ def test_a_wrong_step_is_reported_as_wrong(monkeypatch):
     assert "WRONG" in report.markdown_table(result)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_output_is_reported_as_wrong(monkeypatch, bad):
+    """A NaN or an infinity anywhere in a step's outputs fails the verdict, however small the
+    other errors (max() alone would drop a NaN error as 0)."""
+    from gradcompiler.bench import manual
+
+    def poisoned(work, target):
+        def step(**feeds):
+            outputs = [np.array(v, dtype=np.float64) for v in manual.STEPS[work.name](feeds)]
+            outputs[-1].reshape(-1)[-1] = bad
+            return outputs
+        return step
+
+    monkeypatch.setattr(suite, "compile_step", poisoned)
+    result = suite.run_suite(["bcast_reduce"], quick=True, peers=["numpy_manual"], first_call=False,
+                             log=None)
+    compiled = result["workloads"][0]["compiled"]
+    assert compiled["correct"] is False and math.isinf(compiled["max_rel_error_vs_numpy"])
+    assert "WRONG" in report.markdown_table(result)
+
+
 def test_missing_frameworks_are_skipped_with_a_note(monkeypatch):
     from gradcompiler.bench import peers
 

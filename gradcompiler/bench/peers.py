@@ -360,11 +360,17 @@ def available_peers(names: Sequence[str] = PEER_NAMES) -> list[Peer]:
 
 
 def max_relative_error(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:
-    """Largest |got − want| / (max |want| + tiny) over all outputs: one scale per output."""
+    """Largest |got − want| / (max |want| + tiny) over all outputs: one scale per output.
+
+    Infinite where a shape differs or any value of either side is NaN or ±inf: max() would
+    drop a NaN error (max(0.0, nan) is 0.0), and a workload's step has no non-finite output
+    to compare."""
+    if len(got) != len(want):
+        return math.inf
     worst = 0.0
     for g, w in zip(got, want):
         g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
-        if g64.shape != w64.shape:
+        if g64.shape != w64.shape or not (np.isfinite(g64).all() and np.isfinite(w64).all()):
             return math.inf
         scale = float(np.max(np.abs(w64))) if w64.size else 0.0
         err = float(np.max(np.abs(g64 - w64))) if w64.size else 0.0
