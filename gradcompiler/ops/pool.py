@@ -7,9 +7,13 @@ image but never starts inside the right padding. A window's AVERAGE
 divisor counts the padding it covers but not what lies beyond it (torch's
 count_include_pad); AVERAGE_COUNT_EXCLUDE_PADDING counts image pixels only.
 
-MAX routes the gradient to the first maximum of each window in row-major
-order (torch's choice). Its backward and its double backward both need
-"the value at the first maximum of x's window", so MAX Pooling takes an
+MAX picks, in each window, the tap torch's max_pool2d picks: over the
+window's pixels inside the image, in row-major order, the first maximum,
+except that a NaN is taken wherever it comes (so a window holding a NaN
+yields NaN, at its last NaN); the padding is never picked (it counts as
+-inf, and a window whose pixels are all -inf yields its first pixel's
+-inf). The gradient goes to the picked tap. Its backward and its double
+backward both need "the value at x's picked tap", so MAX Pooling takes an
 optional second input `values`: with it, each window yields
 values[argmax of x over the window] (without it, values is x). That one
 op is the adjoint of MAX PoolingBackward in its gradient input, which
@@ -115,16 +119,20 @@ class _PoolParams:
                 cols = slice(kw, kw + sw * (out[1] - 1) + 1, sw)
                 yield kh * kw_n + kw, rows, cols
 
-    def first_max_taps(self, x: np.ndarray, out: Pair) -> np.ndarray:
-        """(N, C, OH, OW) number of the tap holding each window's first maximum."""
+    def max_taps(self, x: np.ndarray, out: Pair) -> np.ndarray:
+        """(N, C, OH, OW) number of the tap MAX picks in each window (module docstring): starting
+        from the window's first pixel inside the image, each later pixel that is greater, or
+        NaN, takes its place; padding never does."""
         padded = self.padded(x, out, -np.inf)
+        inside = self.padded(np.ones((1, 1, *x.shape[2:]), bool), out, False)
         best = np.full((*x.shape[:2], *out), -np.inf, x.dtype)
-        where = np.zeros(best.shape, np.int64)
+        where = np.full(best.shape, -1, np.int64)
         for t, rows, cols in self.taps(out):
-            tap = padded[:, :, rows, cols]
-            greater = tap > best
-            best = np.where(greater, tap, best)
-            where = np.where(greater, t, where)
+            tap, image = padded[:, :, rows, cols], inside[:, :, rows, cols]
+            where = np.where((where < 0) & image, t, where)
+            taken = image & ((tap > best) | np.isnan(tap))
+            best = np.where(taken, tap, best)
+            where = np.where(taken, t, where)
         return where
 
 
@@ -151,7 +159,7 @@ class Pooling(_PoolParams, Op):
     def reference(self, x, values=None):
         out = self.output_size(x.shape)
         if self.mode == "MAX":
-            where = self.first_max_taps(x, out)
+            where = self.max_taps(x, out)
             source = self.padded(x if values is None else values, out, 0.0)
             y = np.zeros((*x.shape[:2], *out), x.dtype)
             for t, rows, cols in self.taps(out):
@@ -200,7 +208,7 @@ class PoolingBackward(_PoolParams, Op):
         shape = (n, c, *self.image)
         padded = self.padded(np.zeros(shape, np.float64), (oh, ow), 0.0)
         if self.mode == "MAX":
-            where = self.first_max_taps(arrays[0], (oh, ow))
+            where = self.max_taps(arrays[0], (oh, ow))
             for t, rows, cols in self.taps((oh, ow)):
                 padded[:, :, rows, cols] += np.where(where == t, dy, 0)
         else:

@@ -11,6 +11,7 @@ import pytest
 
 from cuda_support import cuda_for_tests
 from oracle import assert_close
+from pool_cases import KERNEL, PADDING, STRIDE, max_pool_loop, non_finite_images
 
 cuda = cuda_for_tests()
 
@@ -56,3 +57,17 @@ def test_pooling_kernels(mode, rng):
     assert_matches(backward, *((x, dy) if mode == "MAX" else (dy,)))
     if mode == "MAX":
         assert_matches(op, x, rng.standard_normal(x.shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("case", ["all_nan", "all_minus_inf", "nan_among_finite", "two_nans_and_inf",
+                                  "padding_first_minus_inf"])
+def test_max_pooling_of_non_finite_windows_follows_torchs_rule(case, rng):
+    """The CUDA kernels' picked pixel: NaN wherever it comes, never the padding (pool_cases)."""
+    x = non_finite_images(rng)[case].astype(np.float32)
+    forward = Pooling("MAX", KERNEL, STRIDE, PADDING)
+    assert_close(run_library_op(forward, x, config=GRID_STRIDE), max_pool_loop(x).astype(np.float32), rtol=0,
+                 label=case)
+    dy = rng.standard_normal(max_pool_loop(x).shape).astype(np.float32)
+    backward = PoolingBackward("MAX", KERNEL, STRIDE, PADDING, False, x.shape[2:])
+    assert_close(run_library_op(backward, x, dy, config=GRID_STRIDE), max_pool_loop(x, dy).astype(np.float32),
+                 rtol=1e-6, label=case)

@@ -15,6 +15,7 @@ from gradcompiler.ops.conv import ConvolutionBackwardData, ConvolutionBackwardFi
 from gradcompiler.ops.pool import Pooling, PoolingBackward
 
 from oracle import assert_close
+from pool_cases import KERNEL, PADDING, STRIDE, max_pool_loop, non_finite_images
 
 COVERS = {"Convolution", "ConvolutionBackwardData", "ConvolutionBackwardFilter", "Pooling",
           "PoolingBackward"}
@@ -227,6 +228,28 @@ def test_pooling_and_its_backward_equal_nested_loops(mode, case, rng):
     inputs = {"x": x, "dy": dy} if mode == "MAX" else {"dy": dy}
     got = run(lambda **t: gc.apply(backward, *t.values()), inputs)
     assert_close(got, pool_loop(x, mode, kernel, stride, padding, ceil_mode, dy), rtol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["all_nan", "all_minus_inf", "nan_among_finite", "two_nans_and_inf",
+                                  "padding_first_minus_inf"])
+@pytest.mark.parametrize("where", ["reference", "cpu"])
+def test_max_pooling_of_non_finite_windows_follows_torchs_rule(case, where, rng):
+    """A window holding a NaN yields NaN and its last NaN takes the gradient; padding is never
+    picked, so a window whose image pixels are all -inf yields -inf and routes the gradient to
+    its first image pixel: the reference interpreter and the compiled CPU kernels against
+    torch's rule written as a loop (pool_cases)."""
+    x = non_finite_images(rng)[case]
+    dy = rng.standard_normal(max_pool_loop(x).shape)
+    backward = PoolingBackward("MAX", KERNEL, STRIDE, PADDING, False, x.shape[2:])
+    with gc.Graph("max_pool"):
+        xs, dys = gc.input("x", x.shape, "float64"), gc.input("dy", dy.shape, "float64")
+        outputs = [gc.max_pool2d(xs, KERNEL, STRIDE, PADDING), gc.apply(backward, xs, dys)]
+        if where == "reference":
+            y, dx = gc.evaluate(outputs, {"x": x, "dy": dy})
+        else:
+            y, dx = gc.compile(outputs)(x=x, dy=dy)
+    assert_close(y, max_pool_loop(x), rtol=0, label=case)
+    assert_close(dx, max_pool_loop(x, dy), rtol=1e-15, label=case)
 
 
 def test_max_pooling_with_values_reads_them_at_the_first_maximum(rng):

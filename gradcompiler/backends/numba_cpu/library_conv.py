@@ -38,10 +38,10 @@ single-threaded (`library.in_spans`; why: the `library` docstring).
   and the threads' sums are added at the end.
 
 Pooling is a direct loop per (image, channel) plane with torch's window
-geometry; MAX tracks the first maximum (strict >, row-major), reads the
-`values` input there (the image itself without one), and its backward adds
-each window's gradient at that position, race-free because a thread owns
-its plane.
+geometry; MAX tracks the pixel torch picks (the first maximum in row-major
+order, or the last NaN; ops/pool.py), reads the `values` input there (the
+image itself without one), and its backward adds each window's gradient at
+that position, race-free because a thread owns its plane.
 """
 
 from __future__ import annotations
@@ -402,7 +402,7 @@ def _pool_loop(x, values, out, mode, kernel_h, kernel_w, stride_h, stride_w, pad
             for ow in range(out_w):
                 w0, w1 = _window(ow, stride_w, pad_w, kernel_w, width)
                 if mode == _MAX:
-                    bi, bj = _first_max(x[n, c], h0, h1, w0, w1)
+                    bi, bj = _max_tap(x[n, c], h0, h1, w0, w1)
                     out[n, c, oh, ow] = values[n, c, bi, bj]
                     continue
                 total = 0.0
@@ -426,7 +426,7 @@ def _pool_backward_loop(x, dy, dx, mode, kernel_h, kernel_w, stride_h, stride_w,
             for ow in range(out_w):
                 w0, w1 = _window(ow, stride_w, pad_w, kernel_w, width)
                 if mode == _MAX:
-                    bi, bj = _first_max(x[n, c], h0, h1, w0, w1)
+                    bi, bj = _max_tap(x[n, c], h0, h1, w0, w1)
                     dx[n, c, bi, bj] += dy[n, c, oh, ow]
                     continue
                 share = dy[n, c, oh, ow] / _divisor(mode, h0, h1, w0, w1, height, width)
@@ -444,15 +444,15 @@ def _window(o, stride, pad, kernel, size):
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _first_max(plane, h0, h1, w0, w1):
-    """(row, col) of the window's first maximum in row-major order (its first pixel when
-    nothing beats -inf)."""
+def _max_tap(plane, h0, h1, w0, w1):
+    """(row, col) of the pixel MAX picks in the window (ops/pool.py): its first maximum in
+    row-major order, or its last NaN; its first pixel when nothing beats -inf."""
     height, width = plane.shape
     bi, bj = max(h0, 0), max(w0, 0)
     best = -np.inf
     for i in range(max(h0, 0), min(h1, height)):
         for j in range(max(w0, 0), min(w1, width)):
-            if plane[i, j] > best:
+            if plane[i, j] > best or plane[i, j] != plane[i, j]:
                 best, bi, bj = plane[i, j], i, j
     return bi, bj
 

@@ -52,7 +52,7 @@ element of the result and gathers what it needs (no atomics):
 
 Pooling is direct as well: a thread per window; PoolingBackward a thread per
 input pixel over the windows that hold it (MAX recomputes each window's
-first maximum, so the forward leaves no argmax behind).
+picked pixel, so the forward leaves no argmax behind).
 
 Accumulation is in the input's float type (float32 for float16 in the
 tiled products). A launcher's buffers are its own, so two launches of one
@@ -425,14 +425,15 @@ def _convolution(op, input_types: Sequence[TensorType], config: LaunchConfig) ->
 # -- pooling --------------------------------------------------------------------------------------
 
 @cuda.jit(device=True)
-def _first_max(x, n, c, h0, h1, w0, w1):
-    """(row, col) of the window's first maximum in row-major order (strict >)."""
+def _max_tap(x, n, c, h0, h1, w0, w1):
+    """(row, col) of the pixel MAX picks in the window (ops/pool.py): its first maximum in
+    row-major order, or its last NaN."""
     height, width = x.shape[2], x.shape[3]
     bi, bj = max(h0, 0), max(w0, 0)
     best = -np.inf
     for i in range(max(h0, 0), min(h1, height)):
         for j in range(max(w0, 0), min(w1, width)):
-            if x[n, c, i, j] > best:
+            if x[n, c, i, j] > best or x[n, c, i, j] != x[n, c, i, j]:
                 best, bi, bj = x[n, c, i, j], i, j
     return bi, bj
 
@@ -458,7 +459,7 @@ def _pool_kernels(dtype: np.dtype):
             h0, w0 = oh * sh - ph, ow * sw - pw
             h1, w1 = min(h0 + kh, height + ph), min(w0 + kw, width + pw)
             if mode == MAX:
-                bi, bj = _first_max(x, n, c, h0, h1, w0, w1)
+                bi, bj = _max_tap(x, n, c, h0, h1, w0, w1)
                 y[n, c, oh, ow] = values[n, c, bi, bj]
                 continue
             acc = real(0)
@@ -483,7 +484,7 @@ def _pool_kernels(dtype: np.dtype):
                     w0 = ow * sw - pw
                     w1 = min(w0 + kw, width + pw)
                     if mode == MAX:
-                        bi, bj = _first_max(x, n, c, h0, h1, w0, w1)
+                        bi, bj = _max_tap(x, n, c, h0, h1, w0, w1)
                         if bi == ih and bj == iw:
                             acc += dy[n, c, oh, ow]
                     else:
