@@ -3,9 +3,10 @@
 `current_plans()` plans every benchmark workload (both sizes), the residual MLP at a few
 depths and the GPT-like stack at a few blocks, and describes each plan by its kernels:
 name, kind and fused op labels.
-Run as a script, it writes them to `plans_fixture.json`; the fixture was captured from
-the planner before the fuse pass was made incremental, so it is the old code's answer,
-with three intended changes since: the spatial_transformer's two warp gradients are one
+Run as a script, it writes them to `plans_fixture.json`, which test_plan_unchanged holds
+the planner to: a change detector reviewed by a person (its docstring), not an oracle. The
+fixture was captured from the planner before the fuse pass was made incremental, with these
+intended changes since, each explained in the commit that regenerated it: the spatial_transformer's two warp gradients are one
 step (sibling calls, fuse's module docstring); attention's loss is summed from V and its
 gradient instead of from the product P·V, which is gone (simplify's `products`); and the
 cnn's batch-norm gradients store their upstream gradient instead of recomputing it in
