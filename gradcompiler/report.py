@@ -119,7 +119,8 @@ def _remat(executable: Any) -> list[str]:
 
 
 def _compile(executable: Any) -> list[str]:
-    from .compile import cache_info  # compile.py imports this module
+    from .backends.numba_cpu.cpu_profile import PROFILE
+    from .compile import DeviceExecutable, cache_info  # compile.py imports this module
 
     timings = executable.timings
     stages = ", ".join(f"{stage} {seconds:.3f} s" for stage, seconds in timings.items())
@@ -131,6 +132,7 @@ def _compile(executable: Any) -> list[str]:
         (f"  cache: {hits} of {len(distinct)} distinct kernels loaded from the on-disk cache, "
          f"{len(compiled)} compiled by Numba ({sum(k.compile_seconds for k in compiled):.2f} s)"),
         "  cache counters of this process: " + ", ".join(f"{k}={v}" for k, v in cache_info().items()),
+        "  target: " + ("cuda" if isinstance(executable, DeviceExecutable) else f"cpu, profile {PROFILE.describe()}"),
     ]
 
 

@@ -162,8 +162,10 @@ def measure(quick: bool = False, target: str = "cpu") -> MachineLimits:
         return MachineLimits(measure_cuda_bandwidth(elements), sgemm, elements, n, numba.get_num_threads(),
                              "cuda: numba triad kernel, " + (f"cuBLAS matmul through {library}" if library != "none"
                                                              else "no SGEMM (neither CuPy nor PyTorch)"))
-    return MachineLimits(measure_bandwidth(elements), measure_sgemm(n), elements, n,
-                         numba.get_num_threads(), "cpu: numba triad, numpy matmul; " + blas_setting())
+    from ..backends.numba_cpu.cpu_profile import PROFILE
+
+    return MachineLimits(measure_bandwidth(elements), measure_sgemm(n), elements, n, numba.get_num_threads(),
+                         f"cpu: numba triad, numpy matmul; {blas_setting()}; profile {PROFILE.describe()}")
 
 
 def blas_setting() -> str:

@@ -70,8 +70,7 @@ def in_place(case: str, dtype, profile=PROFILE) -> bool:
     through sums): its output channels fill whole tiles of MR rows, and either each output row
     is whole vectors and the rows split into groups of three (wide tiles, where the CPU has the
     registers for them) and two, or each output row is whole tiles of two vectors."""
-    _, outputs, *_, y_shape = ops(case)
-    out_h, out_w = y_shape[2:]
+    outputs, (out_h, out_w) = CASES[case][1], ops(case)[-1][2:]
     lanes, wide = profile.lanes(dtype), profile.wide_vectors
     rows_split = any((out_h - w * wide) % 2 == 0 for w in range(out_h // wide + 1))
     return outputs % profile.mr == 0 and ((out_w % lanes == 0 and rows_split) or out_w % (2 * lanes) == 0)
