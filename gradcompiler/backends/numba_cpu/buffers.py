@@ -112,9 +112,8 @@ def empty(shape, dtype, blocks: list[Block] | None = None, label: str = "") -> n
     start = GUARD + (-(raw.ctypes.data + GUARD) % ALIGN)
     raw[start - GUARD:start] = _PATTERN
     raw[start + nbytes:start + nbytes + GUARD] = _PATTERN
-    if blocks is None:
-        blocks = LIBRARY_BLOCKS
-        LIBRARY_BLOCKS[:] = [b for b in LIBRARY_BLOCKS if b.raw() is not None]
+    blocks = LIBRARY_BLOCKS if blocks is None else blocks
+    blocks[:] = [b for b in blocks if b.raw() is not None]  # the records of arrays since freed go
     blocks.append(Block(weakref.ref(raw), start, nbytes, label or f"an array of {shape} {dtype}"))
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
