@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test onnx-test lint wheel-check fuzz bench bench-peers gpu-check clean
+.PHONY: demo test test-profiles onnx-test lint wheel-check fuzz bench bench-avx2 bench-peers gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +17,22 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# the whole suite on both cores, every buffer fenced by guard bytes (GRADCOMPILER_CHECK_BOUNDS);
+# PYTHONHASHSEED fixed so that both workers collect the same parametrised tests
 test: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest tests
+	PYTHONHASHSEED=0 NUMBA_ENABLE_CUDASIM=1 GRADCOMPILER_CHECK_BOUNDS=1 $(PY) -m pytest -n 2 tests
+
+# the tests of the code whose shape depends on the CPU, and the demo, again under the AVX2 profile
+# (NUMBA_CPU_NAME=haswell with the features its name implies: Numba generates AVX2 code on any
+# x86-64 host), with the bounds check; the products also under the baseline x86-64 profile (SSE2,
+# no FMA) inside test_gemm.py
+CPU_KERNEL_TESTS := tests/backends/test_gemm.py tests/backends/test_direct_conv.py \
+	tests/backends/test_conv_kernels.py tests/backends/test_long_sum_accuracy.py \
+	tests/backends/test_vector_width.py tests/backends/test_bounds_check.py tests/backends/test_cpu_profile.py
+AVX2 := NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES= GRADCOMPILER_CHECK_BOUNDS=1
+test-profiles: $(STAMP)
+	$(AVX2) PYTHONHASHSEED=0 NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -n 2 $(CPU_KERNEL_TESTS)
+	$(AVX2) $(PY) examples/demo.py --steps 5 --dot ''
 
 # ONNX's backend node tests of every op of the import table, on the reference interpreter
 # and (all of them, not make test's subset) on the compiled CPU target, with counts per op
@@ -37,17 +51,19 @@ wheel-check: $(STAMP)
 
 # random graphs: FUZZ_EXAMPLES checked against finite differences and compiled for the CPU
 # (half as many for the CUDA simulator), drawn from FUZZ_SEED (printed; pass it to replay a
-# run), within FUZZ_SECONDS (0: no limit); prints the counts
+# run), within FUZZ_SECONDS (0: no limit), failing below FUZZ_MIN_COMPILED graphs compiled for
+# the CPU; prints the counts; every buffer fenced by guard bytes
 FUZZ_EXAMPLES ?= 2000
 FUZZ_SECONDS  ?= 0
+FUZZ_MIN_COMPILED ?= 0
 # drawn once (:=): a recursive variable would draw anew at each use, printing another seed
 ifndef FUZZ_SEED
 FUZZ_SEED     := $(shell $(PYTHON) -c 'import random; print(random.randrange(2**32))')
 endif
 fuzz: $(STAMP)
 	@echo "fuzz: seed $(FUZZ_SEED), $(FUZZ_EXAMPLES) examples, time limit $(FUZZ_SECONDS) s"
-	NUMBA_ENABLE_CUDASIM=1 HYPOTHESIS_PROFILE=fuzz GRADCOMPILER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
-		GRADCOMPILER_FUZZ_SECONDS=$(FUZZ_SECONDS) \
+	NUMBA_ENABLE_CUDASIM=1 HYPOTHESIS_PROFILE=fuzz GRADCOMPILER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) GRADCOMPILER_CHECK_BOUNDS=1 \
+		GRADCOMPILER_FUZZ_SECONDS=$(FUZZ_SECONDS) GRADCOMPILER_FUZZ_MIN_COMPILED=$(FUZZ_MIN_COMPILED) \
 		$(PY) -m pytest tests/hardening/test_fuzz_random_graphs.py -q -s --disable-warnings \
 		--hypothesis-seed=$(FUZZ_SEED)
 
@@ -62,6 +78,16 @@ bench: $(STAMP)
 GPU_CHECK_OUT ?= gpu-check-results
 gpu-check: $(STAMP)
 	PY=$(PY) scripts/gpu_check.sh $(GPU_CHECK_OUT)
+
+# the same suite under the AVX2 profile, each peer held to AVX2 in the same run: Numba generates
+# AVX2 code (NUMBA_CPU_NAME=haswell with the features its name implies), torch dispatches its
+# AVX2 kernels (ATEN_CPU_CAPABILITY), numpy's OpenBLAS runs its Haswell kernel and XLA is capped
+# at AVX2; no first calls (the native run measures them)
+AVX2_PEERS := NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES= ATEN_CPU_CAPABILITY=avx2 OPENBLAS_CORETYPE=Haswell \
+	XLA_FLAGS=--xla_cpu_max_isa=AVX2
+bench-avx2: $(STAMP)
+	env -u OPENBLAS_L2_SIZE $(AVX2_PEERS) $(VENV)/bin/gradcompiler bench --no-first-call \
+		--json bench-results/bench-avx2.json --markdown bench-results/bench-avx2.md
 
 bench-peers: $(STAMP)
 	$(PY) -m pip install -q 'torch==2.13.0' jax jaxlib || echo "some peers are not available from the registry"

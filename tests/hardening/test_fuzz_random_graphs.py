@@ -96,6 +96,11 @@ class TimeBudget:
 
 BUDGET = TimeBudget(float(os.environ.get("GRADCOMPILER_FUZZ_SECONDS", "0")))
 
+MIN_COMPILED = int(os.environ.get("GRADCOMPILER_FUZZ_MIN_COMPILED", "0"))
+"""Graphs compiled for the CPU and checked below which the run fails (`make fuzz
+FUZZ_MIN_COMPILED=N`): a time-bounded run on a slow machine must not pass having compiled
+almost nothing."""
+
 
 @pytest.fixture(scope="module", autouse=True)
 def report_counts(request):
@@ -107,6 +112,9 @@ def report_counts(request):
     unchecked = sum(UNCHECKED.values())
     late = f"; {unchecked} drawn after the time budget, not checked" if unchecked else ""
     print(f"\nfuzz ({drawn}): {total} random graphs checked with no mismatch ({parts}){late}")
+    compiled = CHECKED["compiled-cpu/reference"]
+    assert compiled >= MIN_COMPILED, (f"only {compiled} random graphs were compiled for the CPU and checked, "
+                                      f"fewer than GRADCOMPILER_FUZZ_MIN_COMPILED={MIN_COMPILED}")
 
 
 def assert_close_to_finite_differences(report) -> None:
