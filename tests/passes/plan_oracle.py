@@ -6,13 +6,14 @@ name, kind and fused op labels.
 Run as a script, it writes them to `plans_fixture.json`, which test_plan_unchanged holds
 the planner to: a change detector reviewed by a person (its docstring), not an oracle. The
 fixture was captured from the planner before the fuse pass was made incremental, with these
-intended changes since, each explained in the commit that regenerated it: the spatial_transformer's two warp gradients are one
-step (sibling calls, fuse's module docstring); attention's loss is summed from V and its
-gradient instead of from the product P·V, which is gone (simplify's `products`); and the
-cnn's batch-norm gradients store their upstream gradient instead of recomputing it in
-both passes, as does the GPT-like stack at three blocks (fuse's REREAD_LIMIT); and
-layer_norm's and gelu_tanh's own backwards (op-reference §21) fuse fewer ops into the same
-kernels of layernorm_gelu, gpt, the residual MLP and the GPT-like stack.
+intended changes since, each explained in the commit that regenerated it: the
+spatial_transformer's two warp gradients are one step (sibling calls, fuse's module
+docstring); attention's loss is summed from V and its gradient instead of from the product
+P·V, which is gone (simplify's `products`); the cnn's batch-norm gradients store their
+upstream gradient instead of recomputing it in both passes, as does the GPT-like stack at
+three blocks (fuse's REREAD_LIMIT); and layer_norm's and gelu_tanh's own backwards
+(op-reference §21) fuse fewer ops into the same kernels of layernorm_gelu, gpt, the residual
+MLP and the GPT-like stack.
 """
 
 from __future__ import annotations
