@@ -71,3 +71,42 @@ def test_this_process_profile_is_consistent():
     assert PROFILE.mr * 2 + 3 <= PROFILE.vector_registers
     assert PROFILE.mr * PROFILE.wide_vectors + PROFILE.wide_vectors + 1 <= PROFILE.vector_registers
     assert f"{8 * PROFILE.vector_bytes}-bit" in PROFILE.describe()
+
+
+CACHE_CHILD = """
+import json
+import numpy as np
+import gradcompiler as gc
+with gc.Graph():
+    x = gc.input("x", (64, 48))
+    y = gc.sum(gc.tanh(x) * x, axis=1)
+x_value = np.linspace(-2.0, 2.0, 64 * 48, dtype=np.float32).reshape(64, 48)
+got = gc.compile(y)(x=x_value)
+want = (np.tanh(x_value.astype(np.float64)) * x_value).sum(axis=1)
+info = gc.cache_info()
+print(json.dumps(dict(error=float(np.max(np.abs(got - want))), compiled=info["kernels_compiled"],
+                      loaded=info["kernels_loaded"], hits=info["module_file_hits"])))
+"""
+
+
+@pytest.mark.skipif(not X86, reason="the AVX2 profile is x86's")
+def test_a_cache_written_for_another_profile_is_not_used(tmp_path):
+    """One cache directory, shared as a copied cache would be: a kernel compiled for the AVX2
+    profile is loaded by the next AVX2 process and compiled anew, never loaded, by a process
+    of the host's profile; every process's value equals float64 numpy."""
+    def run(environment):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU_")}
+        env.update(environment, GRADCOMPILER_CACHE_DIR=str(tmp_path))
+        done = subprocess.run([sys.executable, "-c", CACHE_CHILD], capture_output=True, text=True, timeout=300,
+                              env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        report = json.loads(done.stdout.splitlines()[-1])
+        assert report["error"] < 1e-4
+        return report
+
+    first = run(PROFILE_NAMES["avx2"])
+    assert first["compiled"] >= 1 and first["hits"] == 0
+    again = run(PROFILE_NAMES["avx2"])
+    assert again["compiled"] == 0 and again["loaded"] >= 1
+    native = run({})
+    assert native["compiled"] >= 1 and native["hits"] == 0
