@@ -81,10 +81,11 @@ gpu-check: $(STAMP)
 
 # the same suite under the AVX2 profile, each peer held to AVX2 in the same run: Numba generates
 # AVX2 code (NUMBA_CPU_NAME=haswell with the features its name implies), torch dispatches its
-# AVX2 kernels (ATEN_CPU_CAPABILITY), numpy's OpenBLAS runs its Haswell kernel and XLA is capped
-# at AVX2; no first calls (the native run measures them)
+# AVX2 kernels (ATEN_CPU_CAPABILITY) and oneDNN, which torch's convolutions and XLA's products
+# may call, is capped at AVX2 (ONEDNN_MAX_CPU_ISA), numpy's OpenBLAS runs its Haswell kernel and
+# XLA's own code is capped at AVX2; no first calls (the native run measures them)
 AVX2_PEERS := NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES= ATEN_CPU_CAPABILITY=avx2 OPENBLAS_CORETYPE=Haswell \
-	XLA_FLAGS=--xla_cpu_max_isa=AVX2
+	ONEDNN_MAX_CPU_ISA=AVX2 XLA_FLAGS=--xla_cpu_max_isa=AVX2
 bench-avx2: $(STAMP)
 	env -u OPENBLAS_L2_SIZE $(AVX2_PEERS) $(VENV)/bin/gradcompiler bench --no-first-call \
 		--json bench-results/bench-avx2.json --markdown bench-results/bench-avx2.md
