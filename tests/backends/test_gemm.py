@@ -185,7 +185,8 @@ for dtype in (np.float32, np.float64):
             b = b.transpose(0, 2, 1) if transpose_b else b
             out = buffers.empty((2, m, n), dtype, label="the product")
             out.fill(np.nan)
-            gemm.Multiplier()(a, b, out)
+            multiply = gemm.Multiplier()   # alive until its scratch's guards are read
+            multiply(a, b, out)
             broken = buffers.broken_guard([])
             assert broken is None, (m, k, n, dtype, transpose_a, transpose_b, broken)
             worst = max(worst, error_over_bound(out, a, b))

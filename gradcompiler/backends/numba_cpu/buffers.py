@@ -35,9 +35,11 @@ from .prefetch import CACHE_LINE
 ALIGN = 2 * CACHE_LINE
 """Where each array allocated here starts: a pair of lines (module docstring)."""
 
-GUARD = 256
-"""Bytes of pattern before and after each array in the bounds check: four vectors of AVX-512,
-so a store one vector (or one micro-tile's row) past the end lands in them."""
+GUARD = 4096
+"""Bytes of pattern before and after each array in the bounds check: a page. Any write that
+starts past the end lands in them; one of up to a page (a micro-panel of KC float32 rows,
+a vector too many) is caught before it reaches the allocator's own bytes, so the check
+reports it rather than the allocator aborting on the next free."""
 
 _PATTERN = np.frombuffer(bytes([0xA5, 0x5A, 0xC3, 0x3C]) * (GUARD // 4), np.uint8)
 
