@@ -19,6 +19,8 @@ import pytest
 from gradcompiler.backends.numba_cpu.cpu_profile import PROFILE, PROFILE_NAMES
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
+NOT_X86 = (f"LLVM generates the AVX2 and x86-64 profiles' code only on an x86-64 host; this one is "
+           f"{platform.machine()}, whose own profile the rest of the suite runs")
 
 CHILD = """
 import json
@@ -40,7 +42,7 @@ def profile_of(environment: dict[str, str]) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.mark.skipif(not X86, reason="the AVX2 and x86-64 profiles are x86's; this host is not")
+@pytest.mark.skipif(not X86, reason=NOT_X86)
 def test_each_profile_sizes_the_tiles_for_the_vectors_llvm_emits():
     """AVX2 (Haswell, with the features its name implies): 32-byte vectors with FMA, the tile of
     16 registers (6 rows, 16 float32 columns); x86-64: 16-byte vectors, no FMA, 6 rows of 8.
@@ -55,7 +57,7 @@ def test_each_profile_sizes_the_tiles_for_the_vectors_llvm_emits():
     assert len({native["tag"], avx2["tag"], baseline["tag"]}) == 3
 
 
-@pytest.mark.skipif(not X86, reason="the host's features are read as x86 feature names")
+@pytest.mark.skipif(not X86, reason=NOT_X86)
 def test_a_cpu_name_alone_keeps_the_hosts_features():
     """`NUMBA_CPU_NAME=haswell` without `NUMBA_CPU_FEATURES`: Numba passes the host's features,
     AVX-512 included where the host has it, and the profile says what LLVM then emits."""
@@ -89,7 +91,7 @@ print(json.dumps(dict(error=float(np.max(np.abs(got - want))), compiled=info["ke
 """
 
 
-@pytest.mark.skipif(not X86, reason="the AVX2 profile is x86's")
+@pytest.mark.skipif(not X86, reason=NOT_X86)
 def test_a_cache_written_for_another_profile_is_not_used(tmp_path):
     """One cache directory, shared as a copied cache would be: a kernel compiled for the AVX2
     profile is loaded by the next AVX2 process and compiled anew, never loaded, by a process

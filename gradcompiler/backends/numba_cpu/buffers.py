@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,20 +80,16 @@ LIBRARY_BLOCKS: list[Block] = []
 _guarding = 0  # executables building or running with the check on (`guarded`)
 
 
-class guarded:
-    """Within it, every array allocated here is guarded (an executable built or run with
-    the check on: the library scratch it allocates lazily is guarded too)."""
-
-    def __init__(self, on: bool = True):
-        self.on = on
-
-    def __enter__(self):
-        global _guarding
-        _guarding += self.on
-
-    def __exit__(self, *exc):
-        global _guarding
-        _guarding -= self.on
+@contextmanager
+def guarded(on: bool = True):
+    """Within it (when `on`), every array allocated here is guarded: an executable built or run
+    with the check on fences the library scratch it allocates lazily too."""
+    global _guarding
+    _guarding += on
+    try:
+        yield
+    finally:
+        _guarding -= on
 
 
 def checking() -> bool:

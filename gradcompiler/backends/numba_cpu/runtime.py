@@ -295,8 +295,11 @@ class Runner:
         """Run the program; return the outputs, in `out`'s arrays if given (types already checked).
 
         Holds `lock` throughout: the driver writes the executable's own buffers."""
-        with self.lock, buffers.guarded(self.guarded):
-            return self._run(feeds, out)
+        with self.lock:
+            if not self.guarded:
+                return self._run(feeds, out)
+            with buffers.guarded():  # the library scratch a call allocates is fenced too
+                return self._run(feeds, out)
 
     def _run(self, feeds: dict[str, np.ndarray],
              out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
