@@ -68,6 +68,11 @@ class BoundKernel:
     nchunks: int
 
 
+_LARGEST_ITEM = 16
+"""Bytes of the largest item a buffer holds (complex128): an arena's size and a buffer's start in
+it are multiples of it, so every view is aligned for its dtype."""
+
+
 def allocate(program: Program, arena_sizes: Sequence[int] | None,
              blocks: list[buffers.Block] | None = None) -> list[np.ndarray | None]:
     """Flat arrays for every non-feed buffer (None for feeds), in buffer order.
@@ -75,7 +80,8 @@ def allocate(program: Program, arena_sizes: Sequence[int] | None,
     In the bounds check (`buffers.checking()`) a buffer of an arena ends where its arena ends,
     so a write past it reaches the arena's guard bytes rather than the next value's bytes."""
     flush_right = buffers.checking()
-    arenas = [buffers.empty(-(-size // 16) * 16 if flush_right else size, np.uint8, blocks, f"arena {k}")
+    step = _LARGEST_ITEM if flush_right else 1
+    arenas = [buffers.empty(-(-size // step) * step, np.uint8, blocks, f"arena {k}")
               for k, size in enumerate(arena_sizes or ())]
     arrays: list[np.ndarray | None] = []
     for b, spec in enumerate(program.buffers):
@@ -87,15 +93,12 @@ def allocate(program: Program, arena_sizes: Sequence[int] | None,
             arrays.append(arrays[spec.alias_of])
         elif spec.storage is not None and arena_sizes is not None:
             arena = arenas[spec.storage]
-            start = (arena.size - spec.nbytes) // 16 * 16 if flush_right else 0  # 16: any dtype's alignment
+            start = (arena.size - spec.nbytes) // _LARGEST_ITEM * _LARGEST_ITEM if flush_right else 0
             arrays.append(arena[start:start + spec.nbytes].view(spec.dtype))
         else:
-            arrays.append(buffers.empty(spec.size, spec.dtype, blocks, _describe(b, spec)))
+            label = f"buffer {b} ({spec.dtype} {tuple(spec.shape)})"
+            arrays.append(buffers.empty(spec.size, spec.dtype, blocks, label))
     return arrays
-
-
-def _describe(b: int, spec: BufferSpec) -> str:
-    return f"buffer {b} ({spec.dtype} {tuple(spec.shape)})"
 
 
 def _root(program: Program, b: int) -> int:
