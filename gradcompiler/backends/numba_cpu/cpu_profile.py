@@ -43,12 +43,11 @@ from numba.core import config
 from numba.core.codegen import get_host_cpu_features, initialize_llvm
 
 PROFILE_NAMES = {
-    "native": {},
     "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ""},
     "x86-64": {"NUMBA_CPU_NAME": "x86-64", "NUMBA_CPU_FEATURES": ""},
 }
-"""The environments of the profiles CI runs the kernel tests under (x86-64 hosts): the host's
-own, an AVX2 machine's (Haswell and later, Zen 1-3) and the baseline x86-64 (SSE2)."""
+"""The environments of the profiles the kernel tests also run under on an x86-64 host, besides
+the host's own: an AVX2 machine's (Haswell and later, Zen 1-3) and the baseline x86-64 (SSE2)."""
 
 
 @dataclass(frozen=True)
